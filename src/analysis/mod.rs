@@ -1,0 +1,3 @@
+//! Figures computed from the typed model.
+
+pub mod stats;

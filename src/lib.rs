@@ -1,0 +1,14 @@
+//! snapscan: answers from PyTorch CUDA memory snapshots.
+//!
+//! Data flows one way: [`input`] (bytes) → [`pickle`] (plain values, nothing executed) →
+//! [`snapshot`] (typed model) → [`analysis`] (figures) → [`report`] (one serde struct) →
+//! [`render`] (text, Markdown, JSON).
+
+pub mod analysis;
+pub mod input;
+pub mod pickle;
+pub mod render;
+pub mod report;
+pub mod snapshot;
+pub mod units;
+pub mod cli;

@@ -1,0 +1,202 @@
+//! The decoded pickle as plain data: an arena of containers addressed by small ids.
+//!
+//! Containers live in the arena and are referenced by id, so a value memoized once and referenced
+//! 50,000 times (`BINGET`) is 50,000 copies of a 16-byte `Value`, never 50,000 deep copies.
+
+use rustc_hash::FxHashMap;
+
+/// Index of an interned string in [`Document::strings`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StrId(pub u32);
+
+/// Index of a list, tuple or set in [`Document::seqs`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SeqId(pub u32);
+
+/// Index of a dict in [`Document::dicts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DictId(pub u32);
+
+/// One pickle value. `Copy`: containers are shared by id.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// Integers outside `i64` (e.g. `SIZE_MAX` written as LONG1 with 9 bytes); index into `big_ints`.
+    BigInt(u32),
+    Float(f64),
+    Str(StrId),
+    /// Index into `bytes`.
+    Bytes(u32),
+    List(SeqId),
+    Tuple(SeqId),
+    Set(SeqId),
+    FrozenSet(SeqId),
+    Dict(DictId),
+}
+
+impl Value {
+    /// Python type name, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::BigInt(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) => "list",
+            Value::Tuple(_) => "tuple",
+            Value::Set(_) => "set",
+            Value::FrozenSet(_) => "frozenset",
+            Value::Dict(_) => "dict",
+        }
+    }
+}
+
+/// Strings interned by value: every distinct text is stored once.
+#[derive(Default, Debug)]
+pub struct StringTable {
+    texts: Vec<Box<str>>,
+    index: FxHashMap<Box<str>, StrId>,
+}
+
+impl StringTable {
+    pub fn intern(&mut self, text: &str) -> StrId {
+        if let Some(&id) = self.index.get(text) {
+            return id;
+        }
+        let id = StrId(self.texts.len() as u32);
+        self.texts.push(text.into());
+        self.index.insert(text.into(), id);
+        id
+    }
+
+    pub fn get(&self, id: StrId) -> &str {
+        &self.texts[id.0 as usize]
+    }
+
+    pub fn lookup(&self, text: &str) -> Option<StrId> {
+        self.index.get(text).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+}
+
+/// A whole decoded pickle (or JSON) document.
+#[derive(Default, Debug)]
+pub struct Document {
+    pub strings: StringTable,
+    pub seqs: Vec<Vec<Value>>,
+    /// Dict items in insertion order. A repeated key is stored again; lookups take the last one,
+    /// which is Python's "later assignment wins" without an O(n) scan per insert.
+    pub dicts: Vec<Vec<(Value, Value)>>,
+    pub big_ints: Vec<i128>,
+    pub bytes: Vec<Box<[u8]>>,
+    pub root: Option<Value>,
+}
+
+impl Document {
+    pub fn str(&self, id: StrId) -> &str {
+        self.strings.get(id)
+    }
+
+    pub fn seq(&self, id: SeqId) -> &[Value] {
+        &self.seqs[id.0 as usize]
+    }
+
+    pub fn dict(&self, id: DictId) -> &[(Value, Value)] {
+        &self.dicts[id.0 as usize]
+    }
+
+    /// Elements of a list or tuple (sets too), or `None` for any other value.
+    pub fn as_seq(&self, value: Value) -> Option<&[Value]> {
+        match value {
+            Value::List(id) | Value::Tuple(id) | Value::Set(id) | Value::FrozenSet(id) => {
+                Some(self.seq(id))
+            }
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self, value: Value) -> Option<&str> {
+        match value {
+            Value::Str(id) => Some(self.str(id)),
+            _ => None,
+        }
+    }
+
+    /// Integer value widened to i128 (bools count as ints, as in Python).
+    pub fn as_int(&self, value: Value) -> Option<i128> {
+        match value {
+            Value::Int(v) => Some(v as i128),
+            Value::BigInt(i) => self.big_ints.get(i as usize).copied(),
+            Value::Bool(b) => Some(b as i128),
+            _ => None,
+        }
+    }
+
+    /// Looks a string key up in a dict; the last occurrence wins.
+    pub fn dict_get(&self, dict: DictId, key: StrId) -> Option<Value> {
+        self.dict(dict)
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == Value::Str(key))
+            .map(|(_, v)| *v)
+    }
+
+    /// Converts to `serde_json::Value` (tuples and sets become arrays, non-string keys are
+    /// rendered as text). Iterative depth is bounded by `max_depth`.
+    pub fn to_json(&self, value: Value, max_depth: usize) -> Option<serde_json::Value> {
+        if max_depth == 0 {
+            return None;
+        }
+        Some(match value {
+            Value::None => serde_json::Value::Null,
+            Value::Bool(b) => serde_json::Value::Bool(b),
+            Value::Int(v) => serde_json::Value::from(v),
+            Value::BigInt(i) => {
+                let v = self.big_ints[i as usize];
+                match u64::try_from(v) {
+                    Ok(u) => serde_json::Value::from(u),
+                    Err(_) => serde_json::Value::String(v.to_string()),
+                }
+            }
+            Value::Float(f) => serde_json::Number::from_f64(f)
+                .map(serde_json::Value::Number)
+                .unwrap_or(serde_json::Value::Null),
+            Value::Str(id) => serde_json::Value::String(self.str(id).to_owned()),
+            Value::Bytes(i) => serde_json::Value::Array(
+                self.bytes[i as usize]
+                    .iter()
+                    .map(|b| serde_json::Value::from(*b))
+                    .collect(),
+            ),
+            Value::List(id) | Value::Tuple(id) | Value::Set(id) | Value::FrozenSet(id) => {
+                let mut out = Vec::with_capacity(self.seq(id).len());
+                for item in self.seq(id) {
+                    out.push(self.to_json(*item, max_depth - 1)?);
+                }
+                serde_json::Value::Array(out)
+            }
+            Value::Dict(id) => {
+                let mut out = serde_json::Map::new();
+                for (k, v) in self.dict(id) {
+                    let key = match k {
+                        Value::Str(s) => self.str(*s).to_owned(),
+                        other => self.to_json(*other, max_depth - 1)?.to_string(),
+                    };
+                    out.insert(key, self.to_json(*v, max_depth - 1)?);
+                }
+                serde_json::Value::Object(out)
+            }
+        })
+    }
+}

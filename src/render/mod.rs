@@ -1,0 +1,14 @@
+//! Pure functions from output structs to bytes: text, Markdown, JSON.
+
+pub mod stats_text;
+
+use serde::Serialize;
+
+/// Pretty JSON with a trailing newline.
+pub fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(value).unwrap_or_else(|e| {
+        format!("{{\"error\": \"could not serialise output: {e}\"}}").into_bytes()
+    });
+    out.push(b'\n');
+    out
+}

@@ -1,0 +1,601 @@
+//! From the plain [`Document`] to the typed [`Snapshot`], naming the path of anything that does
+//! not have the expected type (`device_traces[0][17].size: expected int, found str`).
+
+use rustc_hash::FxHashMap;
+
+use super::intern::{Frame, FrameId, Interner, StackId, TextId};
+use super::model::*;
+use crate::pickle::{DictId, Document, SeqId, StrId, Value};
+
+/// A schema error: where in the document, and what was wrong.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[error("{path}: {message}")]
+pub struct SchemaError {
+    pub path: String,
+    pub message: String,
+}
+
+/// Ids of the dict keys this decoder reads, looked up once per document. A key string that does
+/// not occur anywhere in the file has no id, so it can never match.
+#[derive(Clone, Copy)]
+struct Keys {
+    segments: Option<StrId>,
+    device_traces: Option<StrId>,
+    allocator_settings: Option<StrId>,
+    external_annotations: Option<StrId>,
+    device: Option<StrId>,
+    address: Option<StrId>,
+    total_size: Option<StrId>,
+    allocated_size: Option<StrId>,
+    active_size: Option<StrId>,
+    requested_size: Option<StrId>,
+    stream: Option<StrId>,
+    segment_type: Option<StrId>,
+    segment_pool_id: Option<StrId>,
+    is_expandable: Option<StrId>,
+    frames: Option<StrId>,
+    blocks: Option<StrId>,
+    size: Option<StrId>,
+    state: Option<StrId>,
+    history: Option<StrId>,
+    real_size: Option<StrId>,
+    action: Option<StrId>,
+    addr: Option<StrId>,
+    device_free: Option<StrId>,
+    time_us: Option<StrId>,
+    user_metadata: Option<StrId>,
+    compile_context: Option<StrId>,
+    name: Option<StrId>,
+    filename: Option<StrId>,
+    line: Option<StrId>,
+    stage: Option<StrId>,
+}
+
+impl Keys {
+    fn new(doc: &Document) -> Keys {
+        let k = |s: &str| doc.strings.lookup(s);
+        Keys {
+            segments: k("segments"),
+            device_traces: k("device_traces"),
+            allocator_settings: k("allocator_settings"),
+            external_annotations: k("external_annotations"),
+            device: k("device"),
+            address: k("address"),
+            total_size: k("total_size"),
+            allocated_size: k("allocated_size"),
+            active_size: k("active_size"),
+            requested_size: k("requested_size"),
+            stream: k("stream"),
+            segment_type: k("segment_type"),
+            segment_pool_id: k("segment_pool_id"),
+            is_expandable: k("is_expandable"),
+            frames: k("frames"),
+            blocks: k("blocks"),
+            size: k("size"),
+            state: k("state"),
+            history: k("history"),
+            real_size: k("real_size"),
+            action: k("action"),
+            addr: k("addr"),
+            device_free: k("device_free"),
+            time_us: k("time_us"),
+            user_metadata: k("user_metadata"),
+            compile_context: k("compile_context"),
+            name: k("name"),
+            filename: k("filename"),
+            line: k("line"),
+            stage: k("stage"),
+        }
+    }
+}
+
+struct Decoder<'d> {
+    doc: &'d Document,
+    keys: Keys,
+    interner: Interner,
+    /// Frames lists are shared pickle objects: decode each list once.
+    stack_by_list: FxHashMap<SeqId, StackId>,
+    frame_by_dict: FxHashMap<DictId, FrameId>,
+    text_by_str: FxHashMap<StrId, TextId>,
+}
+
+fn schema(path: impl Into<String>, message: impl Into<String>) -> SchemaError {
+    SchemaError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+fn expected(path: impl Into<String>, what: &str, found: Value) -> SchemaError {
+    schema(
+        path,
+        format!("expected {what}, found {}", found.type_name()),
+    )
+}
+
+impl<'d> Decoder<'d> {
+    fn get(&self, dict: DictId, key: Option<StrId>) -> Option<Value> {
+        key.and_then(|k| self.doc.dict_get(dict, k))
+    }
+
+    fn as_dict(&self, v: Value, path: &dyn Fn() -> String) -> Result<DictId, SchemaError> {
+        match v {
+            Value::Dict(id) => Ok(id),
+            other => Err(expected(path(), "dict", other)),
+        }
+    }
+
+    fn as_seq(&self, v: Value, path: &dyn Fn() -> String) -> Result<&'d [Value], SchemaError> {
+        self.doc
+            .as_seq(v)
+            .ok_or_else(|| expected(path(), "list", v))
+    }
+
+    fn int(&self, v: Value, path: &dyn Fn() -> String) -> Result<i128, SchemaError> {
+        match v {
+            Value::Int(_) | Value::BigInt(_) => self.doc.as_int(v).ok_or_else(|| expected(path(), "int", v)),
+            other => Err(expected(path(), "int", other)),
+        }
+    }
+
+    fn u64_value(&self, v: Value, path: &dyn Fn() -> String) -> Result<u64, SchemaError> {
+        let i = self.int(v, path)?;
+        u64::try_from(i).map_err(|_| schema(path(), format!("expected a non-negative int below 2^64, found {i}")))
+    }
+
+    fn i64_value(&self, v: Value, path: &dyn Fn() -> String) -> Result<i64, SchemaError> {
+        let i = self.int(v, path)?;
+        i64::try_from(i).map_err(|_| schema(path(), format!("int {i} does not fit in 64 bits")))
+    }
+
+    /// Required unsigned field of a dict.
+    fn req_u64(
+        &self,
+        dict: DictId,
+        key: Option<StrId>,
+        name: &str,
+        path: &dyn Fn() -> String,
+    ) -> Result<u64, SchemaError> {
+        let p = || format!("{}.{name}", path());
+        let v = self
+            .get(dict, key)
+            .ok_or_else(|| schema(p(), "missing required key"))?;
+        self.u64_value(v, &p)
+    }
+
+    fn opt_u64(
+        &self,
+        dict: DictId,
+        key: Option<StrId>,
+        name: &str,
+        path: &dyn Fn() -> String,
+    ) -> Result<Option<u64>, SchemaError> {
+        match self.get(dict, key) {
+            None | Some(Value::None) => Ok(None),
+            Some(v) => self.u64_value(v, &|| format!("{}.{name}", path())).map(Some),
+        }
+    }
+
+    fn str_value(&self, v: Value, path: &dyn Fn() -> String) -> Result<&'d str, SchemaError> {
+        self.doc.as_str(v).ok_or_else(|| expected(path(), "str", v))
+    }
+
+    fn text(&mut self, id: StrId) -> TextId {
+        if let Some(&t) = self.text_by_str.get(&id) {
+            return t;
+        }
+        let t = self.interner.text(self.doc.str(id));
+        self.text_by_str.insert(id, t);
+        t
+    }
+
+    fn opt_text(&mut self, v: Option<Value>) -> Option<TextId> {
+        match v {
+            Some(Value::Str(id)) => Some(self.text(id)),
+            _ => None,
+        }
+    }
+
+    fn frame(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<FrameId, SchemaError> {
+        let dict = self.as_dict(v, path)?;
+        if let Some(&f) = self.frame_by_dict.get(&dict) {
+            return Ok(f);
+        }
+        let name = match self.get(dict, self.keys.name) {
+            Some(Value::Str(id)) => self.text(id),
+            Some(other) => return Err(expected(format!("{}.name", path()), "str", other)),
+            None => self.interner.text("??"),
+        };
+        let filename = match self.get(dict, self.keys.filename) {
+            Some(Value::Str(id)) => self.text(id),
+            Some(other) => return Err(expected(format!("{}.filename", path()), "str", other)),
+            None => self.interner.text("??"),
+        };
+        let line = match self.get(dict, self.keys.line) {
+            Some(v @ (Value::Int(_) | Value::BigInt(_))) => {
+                self.i64_value(v, &|| format!("{}.line", path()))?
+            }
+            Some(Value::None) | None => 0,
+            Some(other) => return Err(expected(format!("{}.line", path()), "int", other)),
+        };
+        let f = self.interner.frame(Frame {
+            name,
+            filename,
+            line,
+        });
+        self.frame_by_dict.insert(dict, f);
+        Ok(f)
+    }
+
+    /// A `frames` value (list of frame dicts), decoded once per shared list object.
+    fn stack(&mut self, v: Option<Value>, path: &dyn Fn() -> String) -> Result<StackId, SchemaError> {
+        let v = match v {
+            None | Some(Value::None) => return Ok(StackId::EMPTY),
+            Some(v) => v,
+        };
+        let list_id = match v {
+            Value::List(id) | Value::Tuple(id) => id,
+            other => return Err(expected(format!("{}.frames", path()), "list", other)),
+        };
+        if let Some(&s) = self.stack_by_list.get(&list_id) {
+            return Ok(s);
+        }
+        let items = self.doc.seq(list_id);
+        let mut frames = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            frames.push(self.frame(*item, &|| format!("{}.frames[{i}]", path()))?);
+        }
+        let s = self.interner.stack(frames);
+        self.stack_by_list.insert(list_id, s);
+        Ok(s)
+    }
+
+    fn segment(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<Segment, SchemaError> {
+        let k = self.keys;
+        let dict = self.as_dict(v, path)?;
+        let device = match self.get(dict, k.device) {
+            Some(v) => self.i64_value(v, &|| format!("{}.device", path()))?,
+            None => 0,
+        };
+        let address = self.req_u64(dict, k.address, "address", path)?;
+        let total_size = self.req_u64(dict, k.total_size, "total_size", path)?;
+        let allocated_size = self.opt_u64(dict, k.allocated_size, "allocated_size", path)?;
+        let active_size = self.opt_u64(dict, k.active_size, "active_size", path)?;
+        let requested_size = self.opt_u64(dict, k.requested_size, "requested_size", path)?;
+        let stream = self.opt_u64(dict, k.stream, "stream", path)?.unwrap_or(0);
+        let pool_kind = match self.get(dict, k.segment_type) {
+            Some(v) => match self.str_value(v, &|| format!("{}.segment_type", path()))? {
+                "small" => PoolKind::Small,
+                "large" => PoolKind::Large,
+                _ => PoolKind::Unknown,
+            },
+            None => PoolKind::Unknown,
+        };
+        let pool_id = match self.get(dict, k.segment_pool_id) {
+            None | Some(Value::None) => None,
+            Some(v) => {
+                let p = || format!("{}.segment_pool_id", path());
+                let items = self.as_seq(v, &p)?;
+                match items {
+                    [a, b] => Some((self.i64_value(*a, &p)?, self.i64_value(*b, &p)?)),
+                    _ => return Err(schema(p(), format!("expected a pair, found {} items", items.len()))),
+                }
+            }
+        };
+        let is_expandable = matches!(self.get(dict, k.is_expandable), Some(Value::Bool(true)));
+        let frames = self.stack(self.get(dict, k.frames), path)?;
+        let blocks_value = self
+            .get(dict, k.blocks)
+            .ok_or_else(|| schema(format!("{}.blocks", path()), "missing required key"))?;
+        let block_values = self.as_seq(blocks_value, &|| format!("{}.blocks", path()))?;
+        let mut blocks = Vec::with_capacity(block_values.len());
+        let mut next_address = address;
+        for (i, bv) in block_values.iter().enumerate() {
+            let bp = || format!("{}.blocks[{i}]", path());
+            let block = self.block(*bv, next_address, &bp)?;
+            next_address = block.address.saturating_add(block.size);
+            blocks.push(block);
+        }
+        // Older files lack the segment-level sums; derive them from the blocks as PyTorch does.
+        let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).sum::<u64>();
+        let allocated_size = allocated_size.unwrap_or_else(|| {
+            sum(&|b| if b.state == BlockState::ActiveAllocated { b.size } else { 0 })
+        });
+        let active_size = active_size.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
+        let requested_size = requested_size
+            .unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.requested_size } else { 0 }));
+        Ok(Segment {
+            device,
+            address,
+            total_size,
+            allocated_size,
+            active_size,
+            requested_size,
+            stream,
+            pool_kind,
+            pool_id,
+            is_expandable,
+            frames,
+            blocks,
+        })
+    }
+
+    fn block(&mut self, v: Value, implied_address: u64, path: &dyn Fn() -> String) -> Result<Block, SchemaError> {
+        let k = self.keys;
+        let dict = self.as_dict(v, path)?;
+        let address = self.opt_u64(dict, k.address, "address", path)?.unwrap_or(implied_address);
+        let size = self.req_u64(dict, k.size, "size", path)?;
+        let state = match self.get(dict, k.state) {
+            Some(v) => match self.str_value(v, &|| format!("{}.state", path()))? {
+                "active_allocated" => BlockState::ActiveAllocated,
+                "active_pending_free" | "active_awaiting_free" => BlockState::ActivePendingFree,
+                "inactive" => BlockState::Inactive,
+                _ => BlockState::Unknown,
+            },
+            None => return Err(schema(format!("{}.state", path()), "missing required key")),
+        };
+        let frames_value = self.get(dict, k.frames);
+        let raw_requested = self.opt_u64(dict, k.requested_size, "requested_size", path)?;
+        // PyTorch's tools (`_block_extra`): new layout → requested_size; legacy layout (no
+        // `frames` key) → history[0].real_size, else requested_size, else size.
+        let (requested_size, frames) = if frames_value.is_some() {
+            let req = raw_requested
+                .ok_or_else(|| schema(format!("{}.requested_size", path()), "missing required key"))?;
+            (req, self.stack(frames_value, path)?)
+        } else {
+            match self.get(dict, k.history) {
+                Some(h) => {
+                    let hp = || format!("{}.history", path());
+                    let records = self.as_seq(h, &hp)?;
+                    match records.first() {
+                        Some(first) => {
+                            let rp = || format!("{}.history[0]", path());
+                            let rd = self.as_dict(*first, &rp)?;
+                            let real = self.req_u64(rd, self.keys.real_size, "real_size", &rp)?;
+                            let frames = self.stack(self.get(rd, self.keys.frames), &rp)?;
+                            (real, frames)
+                        }
+                        None => (raw_requested.unwrap_or(size), StackId::EMPTY),
+                    }
+                }
+                None => (raw_requested.unwrap_or(size), StackId::EMPTY),
+            }
+        };
+        Ok(Block {
+            address,
+            size,
+            requested_size,
+            state,
+            frames,
+        })
+    }
+
+    fn trace_entry(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<TraceEntry, SchemaError> {
+        let dict = self.as_dict(v, path)?;
+        // One pass over the entry's items: trace entries are the bulk of a large file.
+        let (mut action, mut addr, mut size, mut stream, mut device_free, mut time_us) =
+            (None, None, None, None, None, None);
+        let (mut frames, mut user_metadata, mut compile_context) = (None, None, None);
+        let k = self.keys;
+        for (key, value) in self.doc.dict(dict) {
+            let Value::Str(key) = *key else { continue };
+            let key = Some(key);
+            if key == k.action {
+                action = Some(*value);
+            } else if key == k.addr {
+                addr = Some(*value);
+            } else if key == k.size {
+                size = Some(*value);
+            } else if key == k.stream {
+                stream = Some(*value);
+            } else if key == k.device_free {
+                device_free = Some(*value);
+            } else if key == k.time_us {
+                time_us = Some(*value);
+            } else if key == k.frames {
+                frames = Some(*value);
+            } else if key == k.user_metadata {
+                user_metadata = Some(*value);
+            } else if key == k.compile_context {
+                compile_context = Some(*value);
+            }
+        }
+        let action_value = action.ok_or_else(|| schema(format!("{}.action", path()), "missing required key"))?;
+        let action_str = self.str_value(action_value, &|| format!("{}.action", path()))?;
+        let action = Action::from_name(action_str);
+        let action_text = match (action, action_value) {
+            (Action::Other, Value::Str(id)) => Some(self.text(id)),
+            _ => None,
+        };
+        let field_u64 = |this: &Self, v: Option<Value>, name: &str| -> Result<Option<u64>, SchemaError> {
+            match v {
+                None | Some(Value::None) => Ok(None),
+                Some(v) => this.u64_value(v, &|| format!("{}.{name}", path())).map(Some),
+            }
+        };
+        let addr = field_u64(self, addr, "addr")?;
+        let size = field_u64(self, size, "size")?;
+        let stream = field_u64(self, stream, "stream")?.unwrap_or(0);
+        let device_free = field_u64(self, device_free, "device_free")?;
+        let time_us = match time_us {
+            None | Some(Value::None) => None,
+            Some(v) => Some(self.i64_value(v, &|| format!("{}.time_us", path()))?),
+        };
+        let size = size.ok_or_else(|| schema(format!("{}.size", path()), "missing required key"))?;
+        let addr = match (addr, action) {
+            (Some(a), _) => a,
+            (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
+            (None, _) => return Err(schema(format!("{}.addr", path()), "missing required key")),
+        };
+        let frames = self.stack(frames, path)?;
+        let user_metadata = self.opt_text(user_metadata);
+        let compile_context = self.opt_text(compile_context);
+        Ok(TraceEntry {
+            action,
+            action_text,
+            addr,
+            size,
+            stream,
+            device_free,
+            time_us,
+            frames,
+            user_metadata,
+            compile_context,
+        })
+    }
+
+    fn settings(&mut self, v: Value) -> Result<AllocatorSettings, SchemaError> {
+        let path = || "allocator_settings".to_owned();
+        let dict = self.as_dict(v, &path)?;
+        let get = |name: &str| self.doc.strings.lookup(name).and_then(|k| self.doc.dict_get(dict, k));
+        let conf = get("PYTORCH_CUDA_ALLOC_CONF")
+            .and_then(|v| self.doc.as_str(v))
+            .map(str::to_owned);
+        let expandable_segments = match get("expandable_segments") {
+            Some(Value::Bool(b)) => Some(b),
+            _ => None,
+        };
+        let max_split_size = get("max_split_size")
+            .and_then(|v| self.doc.as_int(v))
+            .and_then(|i| u64::try_from(i).ok())
+            .filter(|&i| i != u64::MAX && i < (1u64 << 62));
+        let garbage_collection_threshold = match get("garbage_collection_threshold") {
+            Some(Value::Float(f)) => Some(f),
+            Some(v) => self.doc.as_int(v).map(|i| i as f64),
+            None => None,
+        };
+        let raw = self.doc.to_json(v, 16).unwrap_or(serde_json::Value::Null);
+        Ok(AllocatorSettings {
+            conf,
+            expandable_segments,
+            max_split_size,
+            garbage_collection_threshold,
+            raw,
+        })
+    }
+
+    fn annotation(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<Annotation, SchemaError> {
+        let dict = self.as_dict(v, path)?;
+        let text = |this: &Self, key: Option<StrId>| -> String {
+            this.get(dict, key)
+                .and_then(|v| this.doc.as_str(v))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let name = text(self, self.keys.name);
+        let stage = text(self, self.keys.stage);
+        let int = |this: &Self, key: Option<StrId>| -> Option<i64> {
+            this.get(dict, key)
+                .and_then(|v| this.doc.as_int(v))
+                .and_then(|i| i64::try_from(i).ok())
+        };
+        Ok(Annotation {
+            name,
+            stage,
+            device: int(self, self.keys.device),
+            time_us: int(self, self.keys.time_us),
+        })
+    }
+}
+
+/// Decodes a document into the typed model.
+pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
+    let root = doc
+        .root
+        .ok_or_else(|| schema("<root>", "document has no value"))?;
+    let mut d = Decoder {
+        doc,
+        keys: Keys::new(doc),
+        interner: Interner::default(),
+        stack_by_list: FxHashMap::default(),
+        frame_by_dict: FxHashMap::default(),
+        text_by_str: FxHashMap::default(),
+    };
+    let (layout, segments_value, traces_value, settings_value, annotations_value, other_keys) =
+        match root {
+            Value::List(_) | Value::Tuple(_) => (Layout::SegmentList, Some(root), None, None, None, Vec::new()),
+            Value::Dict(top) => {
+                let known = [
+                    d.keys.segments,
+                    d.keys.device_traces,
+                    d.keys.allocator_settings,
+                    d.keys.external_annotations,
+                ];
+                let other: Vec<String> = doc
+                    .dict(top)
+                    .iter()
+                    .filter_map(|(k, _)| match k {
+                        Value::Str(id) if !known.contains(&Some(*id)) => Some(doc.str(*id).to_owned()),
+                        _ => None,
+                    })
+                    .collect();
+                let segments = d.get(top, d.keys.segments);
+                if segments.is_none() {
+                    return Err(schema(
+                        "segments",
+                        "missing required key (a memory snapshot dict has `segments` and `device_traces`)",
+                    ));
+                }
+                (
+                    Layout::Dict,
+                    segments,
+                    d.get(top, d.keys.device_traces),
+                    d.get(top, d.keys.allocator_settings),
+                    d.get(top, d.keys.external_annotations),
+                    other,
+                )
+            }
+            other => {
+                return Err(expected(
+                    "<root>",
+                    "a dict with `segments` or a list of segments",
+                    other,
+                ))
+            }
+        };
+
+    let mut segments = Vec::new();
+    if let Some(sv) = segments_value {
+        let items = d.as_seq(sv, &|| "segments".to_owned())?;
+        segments.reserve(items.len());
+        for (i, item) in items.iter().enumerate() {
+            segments.push(d.segment(*item, &|| format!("segments[{i}]"))?);
+        }
+    }
+
+    let mut device_traces = Vec::new();
+    if let Some(tv) = traces_value {
+        let devices = d.as_seq(tv, &|| "device_traces".to_owned())?;
+        for (dev, trace) in devices.iter().enumerate() {
+            let entries = d.as_seq(*trace, &|| format!("device_traces[{dev}]"))?;
+            let mut out = Vec::with_capacity(entries.len());
+            for (i, e) in entries.iter().enumerate() {
+                out.push(d.trace_entry(*e, &|| format!("device_traces[{dev}][{i}]"))?);
+            }
+            device_traces.push(out);
+        }
+    }
+
+    let allocator_settings = match settings_value {
+        None | Some(Value::None) => None,
+        Some(v) => Some(d.settings(v)?),
+    };
+
+    let mut annotations = Vec::new();
+    if let Some(av) = annotations_value {
+        let items = d.as_seq(av, &|| "external_annotations".to_owned())?;
+        for (i, item) in items.iter().enumerate() {
+            annotations.push(d.annotation(*item, &|| format!("external_annotations[{i}]"))?);
+        }
+    }
+
+    Ok(Snapshot {
+        layout,
+        segments,
+        device_traces,
+        allocator_settings,
+        annotations,
+        interner: d.interner,
+        other_top_level_keys: other_keys,
+    })
+}

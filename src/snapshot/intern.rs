@@ -1,0 +1,106 @@
+//! Interned texts, frames and stacks behind small id newtypes.
+
+use rustc_hash::FxHashMap;
+
+/// An interned text (file name, function name, metadata string).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TextId(pub u32);
+
+/// An interned frame (`name`, `filename`, `line`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameId(pub u32);
+
+/// An interned stack: a list of frames, innermost first. `StackId::EMPTY` is "no frames".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackId(pub u32);
+
+impl StackId {
+    pub const EMPTY: StackId = StackId(0);
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub name: TextId,
+    pub filename: TextId,
+    pub line: i64,
+}
+
+#[derive(Debug)]
+pub struct Interner {
+    texts: Vec<Box<str>>,
+    text_index: FxHashMap<Box<str>, TextId>,
+    frames: Vec<Frame>,
+    frame_index: FxHashMap<Frame, FrameId>,
+    stacks: Vec<Box<[FrameId]>>,
+    stack_index: FxHashMap<Box<[FrameId]>, StackId>,
+}
+
+impl Default for Interner {
+    fn default() -> Self {
+        let mut interner = Interner {
+            texts: Vec::new(),
+            text_index: FxHashMap::default(),
+            frames: Vec::new(),
+            frame_index: FxHashMap::default(),
+            stacks: Vec::new(),
+            stack_index: FxHashMap::default(),
+        };
+        let empty = interner.stack(Vec::new());
+        debug_assert_eq!(empty, StackId::EMPTY);
+        interner
+    }
+}
+
+impl Interner {
+    pub fn text(&mut self, text: &str) -> TextId {
+        if let Some(&id) = self.text_index.get(text) {
+            return id;
+        }
+        let id = TextId(self.texts.len() as u32);
+        self.texts.push(text.into());
+        self.text_index.insert(text.into(), id);
+        id
+    }
+
+    pub fn frame(&mut self, frame: Frame) -> FrameId {
+        if let Some(&id) = self.frame_index.get(&frame) {
+            return id;
+        }
+        let id = FrameId(self.frames.len() as u32);
+        self.frames.push(frame);
+        self.frame_index.insert(frame, id);
+        id
+    }
+
+    pub fn stack(&mut self, frames: Vec<FrameId>) -> StackId {
+        if let Some(&id) = self.stack_index.get(frames.as_slice()) {
+            return id;
+        }
+        let id = StackId(self.stacks.len() as u32);
+        let boxed: Box<[FrameId]> = frames.into();
+        self.stacks.push(boxed.clone());
+        self.stack_index.insert(boxed, id);
+        id
+    }
+
+    pub fn get_text(&self, id: TextId) -> &str {
+        &self.texts[id.0 as usize]
+    }
+
+    pub fn get_frame(&self, id: FrameId) -> Frame {
+        self.frames[id.0 as usize]
+    }
+
+    /// Frames of a stack, innermost first.
+    pub fn get_stack(&self, id: StackId) -> &[FrameId] {
+        &self.stacks[id.0 as usize]
+    }
+
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn frame_count(&self) -> usize {
+        self.frames.len()
+    }
+}

@@ -1,0 +1,234 @@
+//! The typed snapshot: segments, blocks, trace entries, settings and annotations, with frames
+//! and stacks interned behind small ids.
+
+use serde::{Deserialize, Serialize};
+
+use super::intern::{Interner, StackId, TextId};
+
+/// Which top-level shape the file had.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// `_dump_snapshot` dict (`segments`, `device_traces`, …).
+    Dict,
+    /// Bare list of segments (`torch.cuda.memory_snapshot()`, pre-2.0 files).
+    SegmentList,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+    /// A state string this version does not know.
+    Unknown,
+}
+
+impl BlockState {
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+            BlockState::Unknown => "unknown",
+        }
+    }
+
+    /// Active = still holding memory for the program (allocated or waiting for its free).
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            BlockState::ActiveAllocated | BlockState::ActivePendingFree
+        )
+    }
+}
+
+/// Small (≤ 1 MiB requests) or large pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    Small,
+    Large,
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    /// Requested bytes as PyTorch's own tools read them (legacy layout: `history[0].real_size`).
+    /// Stale for inactive blocks; only meaningful for active ones.
+    pub requested_size: u64,
+    pub state: BlockState,
+    pub frames: StackId,
+}
+
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub device: i64,
+    pub address: u64,
+    pub total_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub requested_size: u64,
+    /// Raw `cudaStream_t` value; 0 is the default stream.
+    pub stream: u64,
+    pub pool_kind: PoolKind,
+    /// `segment_pool_id`; `(0, 0)` is the default pool. `None` in files older than 2.1.
+    pub pool_id: Option<(i64, i64)>,
+    pub is_expandable: bool,
+    pub frames: StackId,
+    pub blocks: Vec<Block>,
+}
+
+impl Segment {
+    pub fn end(&self) -> u64 {
+        self.address.saturating_add(self.total_size)
+    }
+
+    /// True for CUDA-graph and MemPool segments (anything but the default pool).
+    pub fn is_private_pool(&self) -> bool {
+        matches!(self.pool_id, Some(p) if p != (0, 0))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Oom,
+    Snapshot,
+    Annotate,
+    /// An action string this version does not know; kept, shown raw.
+    Other,
+}
+
+impl Action {
+    pub fn from_name(name: &str) -> Action {
+        match name {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "oom" => Action::Oom,
+            "snapshot" => Action::Snapshot,
+            "annotate" => Action::Annotate,
+            _ => Action::Other,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::Snapshot => "snapshot",
+            Action::Annotate => "annotate",
+            Action::Other => "other",
+        }
+    }
+}
+
+/// One entry of `device_traces[d]`.
+#[derive(Clone, Debug)]
+pub struct TraceEntry {
+    pub action: Action,
+    /// The raw action text when `action` is `Other`.
+    pub action_text: Option<TextId>,
+    /// Block or segment address (0 for `oom` and `snapshot`).
+    pub addr: u64,
+    /// Meaning depends on the action (requested bytes, segment bytes, rounded OOM request).
+    pub size: u64,
+    pub stream: u64,
+    /// `device_free` of an `oom` entry.
+    pub device_free: Option<u64>,
+    pub time_us: Option<i64>,
+    pub frames: StackId,
+    pub user_metadata: Option<TextId>,
+    pub compile_context: Option<TextId>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Annotation {
+    pub name: String,
+    pub stage: String,
+    pub device: Option<i64>,
+    pub time_us: Option<i64>,
+}
+
+/// `allocator_settings` (2.3+): the fields the analysis uses, and the whole dict as JSON.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AllocatorSettings {
+    pub conf: Option<String>,
+    pub expandable_segments: Option<bool>,
+    /// Bytes; `None` = unlimited (`-1` or `SIZE_MAX` in the file) or absent.
+    pub max_split_size: Option<u64>,
+    pub garbage_collection_threshold: Option<f64>,
+    pub raw: serde_json::Value,
+}
+
+/// A whole snapshot file.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub layout: Layout,
+    /// Every segment of every device, in file order.
+    pub segments: Vec<Segment>,
+    /// `device_traces[d]` = trace of device `d`, oldest first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub allocator_settings: Option<AllocatorSettings>,
+    pub annotations: Vec<Annotation>,
+    pub interner: Interner,
+    /// Top-level keys this version does not read (kept for the record).
+    pub other_top_level_keys: Vec<String>,
+}
+
+impl Snapshot {
+    /// Every device that owns a segment or has a trace list, sorted.
+    pub fn devices(&self) -> Vec<i64> {
+        let mut devices: Vec<i64> = self.segments.iter().map(|s| s.device).collect();
+        devices.extend(0..self.device_traces.len() as i64);
+        devices.sort_unstable();
+        devices.dedup();
+        devices
+    }
+
+    pub fn trace(&self, device: i64) -> &[TraceEntry] {
+        usize::try_from(device)
+            .ok()
+            .and_then(|d| self.device_traces.get(d))
+            .map(|t| t.as_slice())
+            .unwrap_or(&[])
+    }
+
+    pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {
+        self.segments.iter().filter(move |s| s.device == device)
+    }
+
+    /// True when any block, segment or trace entry carries a non-empty stack.
+    pub fn has_stacks(&self) -> bool {
+        let empty = StackId::EMPTY;
+        self.segments
+            .iter()
+            .any(|s| s.frames != empty || s.blocks.iter().any(|b| b.frames != empty))
+            || self
+                .device_traces
+                .iter()
+                .flatten()
+                .any(|e| e.frames != empty)
+    }
+}
