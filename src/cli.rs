@@ -39,6 +39,29 @@ pub enum Format {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The main job: OOM verdict, peak, what was alive at the peak (by call site), what held it
+    /// open, and fragmentation, per device. Several files (the ranks of one job) are analysed in
+    /// parallel and compared in a table first.
+    #[command(after_help = "Examples:\n  snapscan report speicher.pickle\n  snapscan report --format markdown speicher.pickle > report.md\n  snapscan report --format json rank*.pickle > report.json")]
+    Report {
+        /// Snapshot files or directories (`-` for stdin).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// How many rows per table in text and Markdown.
+        #[arg(long, default_value_t = 8)]
+        top: usize,
+        /// Show whole stacks for the call sites.
+        #[arg(long)]
+        stacks: bool,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Final allocator state per device: reserved, allocated, free (internal/external), blocks,
     /// pools, streams and trace entries — the figures of `python -m torch.cuda._memory_viz stats`.
     #[command(after_help = "Example:\n  snapscan stats speicher.pickle\n  snapscan stats --format json rank*.pickle > stats.json")]
@@ -76,6 +99,41 @@ fn load_all(files: &[PathBuf]) -> Result<Vec<LoadedSnapshot>, anyhow::Error> {
 
 fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
     match cli.command {
+        Command::Report {
+            files,
+            device,
+            format,
+            top,
+            stacks,
+            output,
+        } => {
+            let loaded = load_all(&files)?;
+            let options = analysis::report::ReportOptions {
+                device,
+                ..Default::default()
+            };
+            let reports: Vec<_> = loaded
+                .par_iter()
+                .map(|l| analysis::report::file_report(l, &options))
+                .collect();
+            let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
+            let report = crate::report::Report {
+                schema_version: SCHEMA_VERSION,
+                files: reports,
+                ranks,
+            };
+            let view = crate::render::report_text::View { top, stacks };
+            let bytes = match format {
+                Format::Json => crate::render::json(&report),
+                Format::Text => crate::render::report_text::text(&report, &view).into_bytes(),
+                Format::Markdown => crate::render::report_text::markdown(&report, &view).into_bytes(),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
         Command::Stats {
             files,
             device,

@@ -12,3 +12,4 @@ pub fn json<T: Serialize>(value: &T) -> Vec<u8> {
     out.push(b'\n');
     out
 }
+pub mod report_text;

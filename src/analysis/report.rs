@@ -1,0 +1,464 @@
+//! Builds the [`Report`] from a loaded snapshot: replay, peak, live set, held-open, layout,
+//! fragmentation and OOM verdicts, per device.
+
+use std::collections::HashMap;
+
+use rayon::prelude::*;
+
+use super::callsite::{call_site, stack_lines};
+use super::layout::{layout_at, Moment, SegmentLayout};
+use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
+use super::stats::final_state;
+use crate::report::*;
+use crate::snapshot::{Action, LoadedSnapshot, PoolKind, Snapshot, StackId};
+
+const SMALL_REQUEST_LIMIT: u64 = 1 << 20;
+
+/// Options that change what a report contains.
+#[derive(Clone, Copy, Debug)]
+pub struct ReportOptions {
+    pub device: Option<i64>,
+    /// How many held-open allocations to list (the live set is always complete).
+    pub held_open_limit: usize,
+}
+
+impl Default for ReportOptions {
+    fn default() -> Self {
+        ReportOptions {
+            device: None,
+            held_open_limit: 50,
+        }
+    }
+}
+
+fn origin_label(a: &Allocation) -> &'static str {
+    match a.origin {
+        Origin::Traced => "<no stack recorded>",
+        Origin::FreedInWindow => "<allocated before the trace window>",
+        Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
+    }
+}
+
+fn site_of(snapshot: &Snapshot, a: &Allocation) -> String {
+    call_site(&snapshot.interner, a.stack).unwrap_or_else(|| origin_label(a).to_owned())
+}
+
+fn live_allocation(
+    snapshot: &Snapshot,
+    trace: &[crate::snapshot::TraceEntry],
+    a: &Allocation,
+    at: Option<u32>,
+) -> LiveAllocation {
+    LiveAllocation {
+        address: a.address,
+        requested_bytes: a.requested_bytes,
+        block_bytes: a.block_bytes,
+        alloc_event: a.alloc_event,
+        free_event: a.free_event,
+        alloc_time_us: a
+            .alloc_event
+            .and_then(|e| trace.get(e as usize))
+            .and_then(|e| e.time_us),
+        age_events: match (a.alloc_event, at) {
+            (Some(b), Some(p)) => Some(p - b),
+            _ => None,
+        },
+        call_site: site_of(snapshot, a),
+        stream: a.stream,
+    }
+}
+
+/// Groups allocations by call site, largest first.
+fn by_call_site<'a>(
+    snapshot: &Snapshot,
+    allocations: impl Iterator<Item = &'a Allocation>,
+    total: i64,
+) -> Vec<CallSiteBytes> {
+    let mut groups: HashMap<String, (u64, u64, u64, StackId)> = HashMap::new();
+    for a in allocations {
+        let g = groups
+            .entry(site_of(snapshot, a))
+            .or_insert((0, 0, 0, StackId::EMPTY));
+        g.0 += a.requested_bytes;
+        g.1 += 1;
+        if a.requested_bytes >= g.2 {
+            g.2 = a.requested_bytes;
+            g.3 = a.stack;
+        }
+    }
+    let mut out: Vec<CallSiteBytes> = groups
+        .into_iter()
+        .map(|(site, (bytes, count, _, stack))| CallSiteBytes {
+            call_site: site,
+            bytes,
+            count,
+            share: if total > 0 {
+                bytes as f64 / total as f64
+            } else {
+                0.0
+            },
+            stack: stack_lines(&snapshot.interner, stack),
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.call_site.cmp(&b.call_site)));
+    out
+}
+
+fn segment_report(s: &SegmentLayout) -> SegmentReport {
+    SegmentReport {
+        address: s.address,
+        total_bytes: s.total_bytes,
+        allocated_bytes: s.allocated_bytes,
+        holes: s.holes,
+        largest_hole_bytes: s.largest_hole_bytes,
+        free_bytes: s.free_bytes,
+        internal_waste_bytes: s.internal_waste_bytes,
+        stream: s.stream,
+        pool: s.pool_id.map(|(a, b)| [a, b]),
+        segment_type: kind_name(s.pool_kind).to_owned(),
+        expandable: s.expandable,
+    }
+}
+
+fn kind_name(kind: PoolKind) -> &'static str {
+    match kind {
+        PoolKind::Small => "small",
+        PoolKind::Large => "large",
+        PoolKind::Unknown => "unknown",
+    }
+}
+
+fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentation {
+    let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
+    let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
+    let free: u64 = layout.iter().map(|s| s.free_bytes).sum();
+    let largest_hole = layout.iter().map(|s| s.largest_hole_bytes).max().unwrap_or(0);
+    let unusable: u64 = layout
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.state == crate::snapshot::BlockState::Inactive && b.size < largest_request)
+        .map(|b| b.size)
+        .sum();
+    Fragmentation {
+        reserved_bytes: reserved,
+        allocated_bytes: allocated,
+        reserved_unallocated_bytes: reserved.saturating_sub(allocated),
+        holes: layout.iter().map(|s| s.holes).sum(),
+        largest_hole_bytes: largest_hole,
+        largest_request_bytes: largest_request,
+        unusable_for_largest_request_bytes: unusable,
+        fragmentation_ratio: if free > 0 {
+            1.0 - largest_hole as f64 / free as f64
+        } else {
+            0.0
+        },
+    }
+}
+
+/// The low point of the valley just before the peak's "hill": walking back from the peak, the
+/// hill is where requested bytes stay at or above half-way between the lowest level before the
+/// peak and the peak; the valley is the run below that before it; its (latest) minimum is the
+/// low point. Allocations alive there carried over into the peak's build-up.
+fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u32>, i64) {
+    let curve = &replay.requested;
+    let Some(p) = peak_event else {
+        return (None, curve.start);
+    };
+    let before = &curve.after[..p as usize];
+    let floor = before.iter().copied().chain([curve.start]).min().unwrap_or(curve.start);
+    let peak = curve.at(Some(p));
+    let half = floor + (peak - floor) / 2;
+    let mut in_valley = false;
+    let mut best: Option<(Option<u32>, i64)> = None;
+    for i in (0..before.len()).rev() {
+        let v = before[i];
+        if v < half {
+            in_valley = true;
+            if best.is_none_or(|(_, b)| v < b) {
+                best = Some((Some(i as u32), v));
+            }
+        } else if in_valley {
+            return best.unwrap_or((None, curve.start));
+        }
+    }
+    match best {
+        Some(b) if curve.start >= b.1 => b,
+        _ => (None, curve.start),
+    }
+}
+
+fn oom_report(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    event: u32,
+) -> Oom {
+    let entry = &snapshot.trace(replay.device)[event as usize];
+    let layout = layout_at(snapshot, replay, Moment::After(event));
+    let request = entry.size;
+    let wanted_kind = if request <= SMALL_REQUEST_LIMIT {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    };
+    let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
+    let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
+    let largest = layout
+        .iter()
+        .filter(|s| {
+            s.stream == entry.stream
+                && !matches!(s.pool_id, Some(p) if p != (0, 0))
+                && (s.pool_kind == wanted_kind || s.pool_kind == PoolKind::Unknown)
+        })
+        .map(|s| s.largest_hole_bytes)
+        .max()
+        .unwrap_or(0);
+    let unallocated = reserved.saturating_sub(allocated);
+    let verdict = if unallocated >= request && largest < request {
+        "fragmentation"
+    } else {
+        "full"
+    };
+    let live_total = replay.requested.at(Some(event));
+    Oom {
+        event_index: event,
+        time_us: entry.time_us,
+        requested_bytes: request,
+        device_free_bytes: entry.device_free,
+        reserved_bytes: reserved,
+        allocated_bytes: allocated,
+        reserved_unallocated_bytes: unallocated,
+        largest_free_block_bytes: largest,
+        segment_type: kind_name(wanted_kind).to_owned(),
+        stream: entry.stream,
+        verdict: verdict.to_owned(),
+        call_site: call_site(&snapshot.interner, entry.frames),
+        live_by_call_site: by_call_site(snapshot, replay.live_after(Some(event)), live_total),
+        segments: layout.iter().map(segment_report).collect(),
+    }
+}
+
+pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
+    let replay = replay_device(snapshot, device);
+    let trace = snapshot.trace(device);
+    let (peak_requested, peak_event) = replay.requested.peak();
+    let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
+    let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
+    let time_at = |e: Option<u32>| e.and_then(|i| trace.get(i as usize)).and_then(|t| t.time_us);
+
+    let mut live: Vec<&Allocation> = replay.live_after(peak_event).collect();
+    live.sort_by(|a, b| {
+        b.requested_bytes
+            .cmp(&a.requested_bytes)
+            .then(a.address.cmp(&b.address))
+    });
+    let live_at_peak: Vec<LiveAllocation> = live
+        .iter()
+        .map(|a| live_allocation(snapshot, trace, a, peak_event))
+        .collect();
+
+    let (low_event, low_level) = low_point_before(&replay, peak_event);
+    let held: Vec<&Allocation> = live
+        .iter()
+        .copied()
+        .filter(|a| match (a.alloc_event, low_event) {
+            (None, _) => peak_event.is_some(),
+            (Some(_), None) => false,
+            (Some(b), Some(l)) => b <= l,
+        })
+        .collect();
+    let held_open = HeldOpen {
+        definition: "alive at the peak and already allocated at the last low point of requested \
+                     memory before it: the peak was built on top of these"
+            .to_owned(),
+        low_point_event: low_event,
+        low_point_requested_bytes: low_level,
+        bytes: held.iter().map(|a| a.requested_bytes).sum(),
+        count: held.len() as u64,
+        allocations: held
+            .iter()
+            .take(options.held_open_limit)
+            .map(|a| live_allocation(snapshot, trace, a, peak_event))
+            .collect(),
+    };
+
+    let largest_request = trace
+        .iter()
+        .filter(|e| matches!(e.action, Action::Alloc | Action::Oom))
+        .map(|e| super::replay::round_size(e.size))
+        .max()
+        .unwrap_or(0);
+    let peak_layout = layout_at(
+        snapshot,
+        &replay,
+        match peak_event {
+            Some(e) => Moment::After(e),
+            None => Moment::WindowStart,
+        },
+    );
+    let end_layout = layout_at(snapshot, &replay, Moment::End);
+
+    let oom: Vec<Oom> = trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Oom)
+        .map(|(i, _)| oom_report(snapshot, &replay, i as u32))
+        .collect();
+
+    let first_time = trace.iter().find_map(|e| e.time_us);
+    let last_time = trace.iter().rev().find_map(|e| e.time_us);
+    let truncated = replay.starts_mid_run();
+    let mut notes = Vec::new();
+    if trace.is_empty() {
+        notes.push(
+            "no trace entries for this device: memory history was not recorded \
+             (torch.cuda.memory._record_memory_history), so the peak is the dump's own state"
+                .to_owned(),
+        );
+    }
+    if truncated {
+        notes.push(format!(
+            "the trace starts mid-run: {} frees of allocations made before the first event; \
+             either the ring buffer overflowed (raise max_entries in _record_memory_history) or \
+             recording started late",
+            replay.window.unmatched_frees
+        ));
+    }
+    if replay.window.lost_frees > 0 {
+        notes.push(format!(
+            "{} allocations reused an address that was never freed in the trace (frees were \
+             skipped or lost); the old allocation was closed at the reuse",
+            replay.window.lost_frees
+        ));
+    }
+    if replay.window.uncounted_pending_blocks > 0 {
+        notes.push(format!(
+            "{} blocks ({} bytes) were pending free at the dump with no allocation in the trace; \
+             they are not counted in the curves (as in memory_viz)",
+            replay.window.uncounted_pending_blocks, replay.window.uncounted_pending_bytes
+        ));
+    }
+
+    DeviceReport {
+        device,
+        final_state: final_state(snapshot.segments_of(device)),
+        window: Window {
+            events: trace.len() as u64,
+            first_time_us: first_time,
+            last_time_us: last_time,
+            duration_s: match (first_time, last_time) {
+                (Some(a), Some(b)) => Some((b - a) as f64 / 1e6),
+                _ => None,
+            },
+            unmatched_frees: replay.window.unmatched_frees,
+            allocations_before_window: replay
+                .allocations
+                .iter()
+                .filter(|a| a.alloc_event.is_none())
+                .count() as u64,
+            ghost_blocks: replay.window.ghosts,
+            lost_frees: replay.window.lost_frees,
+            requested_at_start_bytes: replay.requested.start,
+            allocated_at_start_bytes: replay.allocated.start,
+            reserved_at_start_bytes: replay.reserved.start,
+        },
+        truncated,
+        peak: Peak {
+            requested_bytes: peak_requested,
+            allocated_bytes: replay.allocated.at(peak_event),
+            reserved_bytes: replay.reserved.at(peak_event),
+            event_index: peak_event,
+            time_us: time_at(peak_event),
+        },
+        peak_allocated: LevelPeak {
+            bytes: peak_allocated,
+            event_index: peak_allocated_event,
+        },
+        peak_reserved: LevelPeak {
+            bytes: peak_reserved,
+            event_index: peak_reserved_event,
+        },
+        live_at_peak_by_call_site: by_call_site(snapshot, live.iter().copied(), peak_requested),
+        live_at_peak,
+        held_open,
+        oom,
+        segments: peak_layout.iter().map(segment_report).collect(),
+        fragmentation_at_peak: fragmentation(&peak_layout, largest_request),
+        fragmentation_at_end: fragmentation(&end_layout, largest_request),
+        notes,
+    }
+}
+
+pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileReport {
+    let snapshot = &loaded.snapshot;
+    let devices: Vec<i64> = snapshot
+        .devices()
+        .into_iter()
+        .filter(|d| options.device.is_none_or(|want| want == *d))
+        // A device with neither segments nor trace has nothing to report.
+        .filter(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some())
+        .collect();
+    FileReport {
+        path: loaded.name.clone(),
+        stacks_recorded: snapshot.has_stacks(),
+        allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
+        devices: devices
+            .par_iter()
+            .map(|&d| device_report(snapshot, d, options))
+            .collect(),
+    }
+}
+
+/// Rank number from a file name such as `rank3.pickle` or `snapshot_rank_12.pickle`.
+pub fn rank_from_name(path: &str) -> Option<u64> {
+    let name = path.rsplit(['/', '\\']).next()?.to_ascii_lowercase();
+    let pos = name.find("rank")?;
+    let digits: String = name[pos + 4..]
+        .trim_start_matches(['_', '-'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+/// The cross-file table: peak per file, with outliers (peak ≥ 1.2× or ≤ 0.8× the median).
+pub fn rank_table(files: &[FileReport]) -> RankTable {
+    let mut rows: Vec<RankRow> = files
+        .iter()
+        .map(|f| RankRow {
+            path: f.path.clone(),
+            rank: rank_from_name(&f.path),
+            peak_requested_bytes: f.devices.iter().map(|d| d.peak.requested_bytes).max().unwrap_or(0),
+            reserved_bytes: f.devices.iter().map(|d| d.final_state.reserved_bytes).sum(),
+            oom: f.devices.iter().any(|d| !d.oom.is_empty()),
+            outlier: false,
+        })
+        .collect();
+    let mut peaks: Vec<i64> = rows.iter().map(|r| r.peak_requested_bytes).collect();
+    peaks.sort_unstable();
+    let median = peaks.get(peaks.len() / 2).copied().unwrap_or(0);
+    for r in &mut rows {
+        let p = r.peak_requested_bytes as f64;
+        let m = median as f64;
+        r.outlier = rows_len_ok(files.len()) && m > 0.0 && (p >= 1.2 * m || p <= 0.8 * m);
+    }
+    RankTable {
+        rows,
+        median_peak_requested_bytes: median,
+    }
+}
+
+fn rows_len_ok(n: usize) -> bool {
+    n >= 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_numbers_from_names() {
+        assert_eq!(rank_from_name("out/rank3.pickle"), Some(3));
+        assert_eq!(rank_from_name("snap_rank_12.pickle.gz"), Some(12));
+        assert_eq!(rank_from_name("snapshot.pickle"), None);
+    }
+}

@@ -1,0 +1,500 @@
+//! `snapscan report` as text (terminal) and Markdown (PR comments, bug reports), both built
+//! from the same list of blocks so they always say the same thing.
+
+use std::fmt::Write;
+
+use crate::report::{CallSiteBytes, DeviceReport, FileReport, LiveAllocation, Oom, Report};
+use crate::units::format_bytes;
+
+/// What the reader asked to see.
+#[derive(Clone, Copy, Debug)]
+pub struct View {
+    /// Rows per table.
+    pub top: usize,
+    /// Whole stacks under each call site.
+    pub stacks: bool,
+}
+
+enum Block {
+    Heading(String),
+    Para(String),
+    Table {
+        title: String,
+        header: Vec<&'static str>,
+        /// Columns that are right-aligned (numbers).
+        right: Vec<bool>,
+        rows: Vec<Vec<String>>,
+    },
+    /// Preformatted lines (stacks).
+    Lines(Vec<String>),
+}
+
+fn bytes(b: i64) -> String {
+    if b < 0 {
+        format!("-{}", format_bytes(b.unsigned_abs()))
+    } else {
+        format_bytes(b as u64)
+    }
+}
+
+fn pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+fn when(dev: &DeviceReport, event: Option<u32>, time_us: Option<i64>) -> String {
+    match event {
+        None => "at window start".to_owned(),
+        Some(e) => {
+            let mut s = format!("at event {e} of {}", dev.window.events);
+            if let (Some(t), Some(t0)) = (time_us, dev.window.first_time_us) {
+                let _ = write!(s, " (+{:.3}s)", (t - t0) as f64 / 1e6);
+            }
+            s
+        }
+    }
+}
+
+fn born(a: &LiveAllocation) -> String {
+    match a.alloc_event {
+        Some(e) => format!("event {e}"),
+        None => "before trace".to_owned(),
+    }
+}
+
+fn died(a: &LiveAllocation) -> String {
+    match a.free_event {
+        Some(e) => format!("event {e}"),
+        None => "alive at end".to_owned(),
+    }
+}
+
+fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<Block> {
+    let mut blocks = vec![Block::Table {
+        title,
+        header: vec!["bytes", "share", "count", "call site"],
+        right: vec![true, true, true, false],
+        rows: sites
+            .iter()
+            .take(view.top)
+            .map(|s| {
+                vec![
+                    format_bytes(s.bytes),
+                    pct(s.share),
+                    s.count.to_string(),
+                    s.call_site.clone(),
+                ]
+            })
+            .collect(),
+    }];
+    if view.stacks {
+        for s in sites.iter().take(view.top) {
+            if s.stack.is_empty() {
+                continue;
+            }
+            let mut lines = vec![format!("stack of the largest allocation from {}:", s.call_site)];
+            lines.extend(s.stack.iter().map(|l| format!("    {l}")));
+            blocks.push(Block::Lines(lines));
+        }
+    }
+    blocks
+}
+
+fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) -> Block {
+    Block::Table {
+        title,
+        header: vec!["requested", "block", "born", "freed", "age (events)", "call site"],
+        right: vec![true, true, false, false, true, false],
+        rows: allocations
+            .iter()
+            .take(view.top)
+            .map(|a| {
+                vec![
+                    format_bytes(a.requested_bytes),
+                    format_bytes(a.block_bytes),
+                    born(a),
+                    died(a),
+                    a.age_events.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                    a.call_site.clone(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
+    let mut s = format!(
+        "OUT OF MEMORY {}: a {} request ({} pool, stream {}) failed",
+        when(dev, Some(o.event_index), o.time_us),
+        format_bytes(o.requested_bytes),
+        o.segment_type,
+        o.stream
+    );
+    if let Some(site) = &o.call_site {
+        let _ = write!(s, " at {site}");
+    }
+    s.push_str(". ");
+    if o.verdict == "fragmentation" {
+        let _ = write!(
+            s,
+            "Verdict: FRAGMENTATION. {} was reserved but unallocated, more than the request, \
+             but the largest free hole that could serve it was only {}: enough free bytes in \
+             total, no contiguous block big enough.",
+            format_bytes(o.reserved_unallocated_bytes),
+            format_bytes(o.largest_free_block_bytes)
+        );
+    } else {
+        let _ = write!(
+            s,
+            "Verdict: FULL. PyTorch held {} reserved with {} allocated; only {} was reserved \
+             but unallocated (largest usable hole {}), so the request needed new device memory",
+            format_bytes(o.reserved_bytes),
+            format_bytes(o.allocated_bytes),
+            format_bytes(o.reserved_unallocated_bytes),
+            format_bytes(o.largest_free_block_bytes)
+        );
+        match o.device_free_bytes {
+            Some(free) => {
+                let _ = write!(s, " and the device had only {} free.", format_bytes(free));
+            }
+            None => s.push('.'),
+        }
+    }
+    s
+}
+
+fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Block> {
+    let mut out = Vec::new();
+    out.push(Block::Heading(format!("{} — device {}", file.path, dev.device)));
+
+    // 1. The verdict.
+    if dev.oom.is_empty() {
+        let mut s = format!(
+            "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks) {}; {} reserved at that moment.",
+            bytes(dev.peak.requested_bytes),
+            bytes(dev.peak.allocated_bytes),
+            when(dev, dev.peak.event_index, dev.peak.time_us),
+            bytes(dev.peak.reserved_bytes),
+        );
+        if dev.window.events == 0 {
+            s.push_str(" (No trace was recorded: these are the dump's own figures.)");
+        }
+        out.push(Block::Para(s));
+    } else {
+        for o in &dev.oom {
+            out.push(Block::Para(oom_verdict(dev, o)));
+        }
+        out.push(Block::Para(format!(
+            "Peak before that: {} requested ({} in blocks) {}.",
+            bytes(dev.peak.requested_bytes),
+            bytes(dev.peak.allocated_bytes),
+            when(dev, dev.peak.event_index, dev.peak.time_us)
+        )));
+    }
+
+    // 2. Window and final state.
+    let mut window = format!(
+        "Trace: {} events",
+        dev.window.events
+    );
+    if let Some(d) = dev.window.duration_s {
+        let _ = write!(window, " over {d:.3} s");
+    }
+    let _ = write!(
+        window,
+        "; {} allocations were made before the window ({} still allocated at the dump without any event). \
+         Reserved: peak {}, at the dump {}; allocated at the dump {} ({} requested).",
+        dev.window.allocations_before_window,
+        dev.window.ghost_blocks,
+        bytes(dev.peak_reserved.bytes),
+        format_bytes(dev.final_state.reserved_bytes),
+        format_bytes(dev.final_state.allocated_bytes),
+        format_bytes(dev.final_state.requested_bytes),
+    );
+    out.push(Block::Para(window));
+
+    // 3. What was alive at the peak.
+    out.extend(call_site_table(
+        format!(
+            "Alive at the peak, by call site ({} of {} sites, {} allocations)",
+            dev.live_at_peak_by_call_site.len().min(view.top),
+            dev.live_at_peak_by_call_site.len(),
+            dev.live_at_peak.len()
+        ),
+        &dev.live_at_peak_by_call_site,
+        view,
+    ));
+    out.push(allocation_table(
+        "Largest allocations alive at the peak".to_owned(),
+        &dev.live_at_peak,
+        view,
+    ));
+
+    // 4. Held open.
+    if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
+        out.push(allocation_table(
+            format!(
+                "Held the peak open: {} in {} allocations already alive at the last low point \
+                 before the peak ({} requested {}); the peak was built on top of them",
+                format_bytes(dev.held_open.bytes),
+                dev.held_open.count,
+                bytes(dev.held_open.low_point_requested_bytes),
+                when(dev, dev.held_open.low_point_event, None)
+            ),
+            &dev.held_open.allocations,
+            view,
+        ));
+    }
+
+    // 5. Fragmentation.
+    let f = &dev.fragmentation_at_peak;
+    let e = &dev.fragmentation_at_end;
+    out.push(Block::Para(format!(
+        "Fragmentation at the peak: {} reserved − {} allocated = {} cached in {} holes, largest hole {}; \
+         {} sits in holes smaller than the largest request ({}). At the dump: {} cached in {} holes, largest {}.",
+        format_bytes(f.reserved_bytes),
+        format_bytes(f.allocated_bytes),
+        format_bytes(f.reserved_unallocated_bytes),
+        f.holes,
+        format_bytes(f.largest_hole_bytes),
+        format_bytes(f.unusable_for_largest_request_bytes),
+        format_bytes(f.largest_request_bytes),
+        format_bytes(e.reserved_unallocated_bytes),
+        e.holes,
+        format_bytes(e.largest_hole_bytes),
+    )));
+    let mut segs: Vec<_> = dev.segments.iter().filter(|s| s.free_bytes > 0).collect();
+    segs.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.address.cmp(&b.address)));
+    if !segs.is_empty() {
+        out.push(Block::Table {
+            title: format!(
+                "Segments with the most free space at the peak ({} of {} segments have holes)",
+                segs.len().min(view.top),
+                segs.len()
+            ),
+            header: vec!["segment", "size", "allocated", "free", "holes", "largest hole", "pool", "stream"],
+            right: vec![false, true, true, true, true, true, false, false],
+            rows: segs
+                .iter()
+                .take(view.top)
+                .map(|s| {
+                    vec![
+                        format!("0x{:x}", s.address),
+                        format_bytes(s.total_bytes),
+                        format_bytes(s.allocated_bytes),
+                        format_bytes(s.free_bytes),
+                        s.holes.to_string(),
+                        format_bytes(s.largest_hole_bytes),
+                        format!(
+                            "{}{}{}",
+                            s.segment_type,
+                            match s.pool {
+                                Some([0, 0]) | None => String::new(),
+                                Some([a, b]) => format!(" ({a},{b})"),
+                            },
+                            if s.expandable { " expandable" } else { "" }
+                        ),
+                        s.stream.to_string(),
+                    ]
+                })
+                .collect(),
+        });
+    }
+
+    // 6. Live set at each OOM.
+    for o in &dev.oom {
+        out.extend(call_site_table(
+            format!("Alive at the OOM (event {}), by call site", o.event_index),
+            &o.live_by_call_site,
+            view,
+        ));
+    }
+
+    for n in &dev.notes {
+        out.push(Block::Para(format!("Note: {n}")));
+    }
+    out
+}
+
+fn rank_blocks(report: &Report) -> Vec<Block> {
+    let Some(t) = &report.ranks else {
+        return Vec::new();
+    };
+    vec![Block::Table {
+        title: format!(
+            "{} files, median peak {}",
+            t.rows.len(),
+            bytes(t.median_peak_requested_bytes)
+        ),
+        header: vec!["file", "rank", "peak", "reserved", "OOM", "outlier"],
+        right: vec![false, true, true, true, false, false],
+        rows: t
+            .rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.path.clone(),
+                    r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                    bytes(r.peak_requested_bytes),
+                    format_bytes(r.reserved_bytes),
+                    if r.oom { "yes" } else { "no" }.to_owned(),
+                    if r.outlier { "OUTLIER" } else { "" }.to_owned(),
+                ]
+            })
+            .collect(),
+    }]
+}
+
+fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
+    let mut blocks = rank_blocks(report);
+    for file in &report.files {
+        if file.devices.is_empty() {
+            blocks.push(Block::Heading(file.path.clone()));
+            blocks.push(Block::Para("No segments and no trace: nothing to report.".into()));
+        }
+        for dev in &file.devices {
+            blocks.extend(device_blocks(file, dev, view));
+        }
+    }
+    blocks
+}
+
+/// Wraps a paragraph at `width` columns.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+pub fn text(report: &Report, view: &View) -> String {
+    let mut out = String::new();
+    for block in all_blocks(report, view) {
+        match block {
+            Block::Heading(h) => {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                let _ = writeln!(out, "== {h}");
+            }
+            Block::Para(p) => {
+                for line in wrap(&p, 100) {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            Block::Lines(lines) => {
+                for l in lines {
+                    let _ = writeln!(out, "  {l}");
+                }
+            }
+            Block::Table {
+                title,
+                header,
+                right,
+                rows,
+            } => {
+                let title_lines = wrap(&title, 100);
+                let last = title_lines.len().saturating_sub(1);
+                for (i, line) in title_lines.iter().enumerate() {
+                    let colon = if i == last { ":" } else { "" };
+                    let _ = writeln!(out, "{line}{colon}");
+                }
+                if rows.is_empty() {
+                    let _ = writeln!(out, "  (none)");
+                    continue;
+                }
+                let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+                for r in &rows {
+                    for (w, c) in widths.iter_mut().zip(r) {
+                        *w = (*w).max(c.chars().count());
+                    }
+                }
+                let fmt_row = |cells: Vec<String>| {
+                    let mut line = String::from(" ");
+                    let last = cells.len().saturating_sub(1);
+                    for (i, c) in cells.into_iter().enumerate() {
+                        line.push(' ');
+                        let pad = widths[i].saturating_sub(c.chars().count());
+                        if right[i] {
+                            line.push_str(&" ".repeat(pad));
+                            line.push_str(&c);
+                        } else if i == last {
+                            line.push_str(&c);
+                        } else {
+                            line.push_str(&c);
+                            line.push_str(&" ".repeat(pad));
+                        }
+                    }
+                    line
+                };
+                let _ = writeln!(out, "{}", fmt_row(header.iter().map(|h| h.to_string()).collect()));
+                for r in rows {
+                    let _ = writeln!(out, "{}", fmt_row(r));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn md_cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+pub fn markdown(report: &Report, view: &View) -> String {
+    let mut out = String::from("# snapscan report\n\n");
+    for block in all_blocks(report, view) {
+        match block {
+            Block::Heading(h) => {
+                let _ = writeln!(out, "## `{h}`\n");
+            }
+            Block::Para(p) => {
+                let _ = writeln!(out, "{p}\n");
+            }
+            Block::Lines(lines) => {
+                out.push_str("```\n");
+                for l in lines {
+                    let _ = writeln!(out, "{l}");
+                }
+                out.push_str("```\n\n");
+            }
+            Block::Table {
+                title,
+                header,
+                right,
+                rows,
+            } => {
+                let _ = writeln!(out, "**{title}**\n");
+                if rows.is_empty() {
+                    out.push_str("(none)\n\n");
+                    continue;
+                }
+                let _ = writeln!(out, "| {} |", header.join(" | "));
+                let aligns: Vec<&str> = right.iter().map(|r| if *r { "---:" } else { "---" }).collect();
+                let _ = writeln!(out, "| {} |", aligns.join(" | "));
+                for r in rows {
+                    let cells: Vec<String> = r.iter().enumerate().map(|(i, c)| {
+                        if header[i] == "call site" || header[i] == "file" {
+                            format!("`{}`", md_cell(c))
+                        } else {
+                            md_cell(c)
+                        }
+                    }).collect();
+                    let _ = writeln!(out, "| {} |", cells.join(" | "));
+                }
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
