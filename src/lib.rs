@@ -12,3 +12,4 @@ pub mod report;
 pub mod snapshot;
 pub mod units;
 pub mod cli;
+pub mod explain;

@@ -1,0 +1,1 @@
+//! `snapscan explain`: CUDA out-of-memory messages in logs (being written).

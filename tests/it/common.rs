@@ -1,0 +1,42 @@
+//! Helpers shared by the integration tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(rel: &str) -> PathBuf {
+    root().join("fixtures").join(rel)
+}
+
+/// Every snapshot fixture (real and synthetic), sorted.
+pub fn snapshot_fixtures() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["real", "synth"] {
+        let d = root().join("fixtures").join(dir);
+        for e in std::fs::read_dir(&d).expect("fixtures dir") {
+            let p = e.expect("entry").path();
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            if name.ends_with(".pickle") || name.ends_with(".pickle.gz") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Path relative to the repository root, with forward slashes (as in expected files).
+pub fn rel(p: &Path) -> String {
+    p.strip_prefix(root())
+        .unwrap_or(p)
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+pub fn snapscan() -> assert_cmd::Command {
+    assert_cmd::Command::cargo_bin("snapscan").expect("binary")
+}

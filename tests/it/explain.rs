@@ -1,0 +1,1 @@
+// Tests of `snapscan explain` (filled in with the explain command).

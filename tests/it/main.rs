@@ -1,0 +1,5 @@
+//! One integration-test binary; each module covers one capability.
+
+mod common;
+mod explain;
+mod svg;
