@@ -1,5 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
+mod analysis;
 mod common;
+mod decode;
 mod explain;
 mod svg;

@@ -1,0 +1,464 @@
+//! Shared pieces of the SVG pictures (`timeline`, `segments`): XML escaping, fixed number
+//! formatting, the call-site palette, axis ticks, tooltips and the document frame.
+//!
+//! The XML is written by hand so that the bytes are fully under control: same input → same bytes
+//! (no hash-map order, numbers always with at most one decimal), and nothing but plain SVG 1.1
+//! shapes, `<title>` tooltips and one `<pattern>` (no script, no external resource).
+
+use std::fmt::Write;
+
+use crate::analysis::callsite::{call_site, stack_lines};
+use crate::analysis::replay::{Allocation, Origin};
+use crate::snapshot::{Interner, StackId};
+use crate::units::format_bytes;
+
+/// Width of the picture in user units (the viewBox); it scales to 100% of its container.
+pub const WIDTH: f64 = 1200.0;
+/// Left margin: room for the y-axis labels.
+pub const LEFT: f64 = 84.0;
+/// Right margin.
+pub const RIGHT: f64 = 24.0;
+/// Width of the plotting area.
+pub const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
+
+/// Fonts: a proportional one for prose, a monospace one for code (call sites), whose width per
+/// character is predictable (0.6 em) so that labels can be cut to fit.
+pub const SANS: &str = "Helvetica, Arial, 'DejaVu Sans', 'Liberation Sans', sans-serif";
+pub const MONO: &str = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace";
+
+/// Colours of call sites: Tableau 20 without its reds (kept for OOM and rounding waste) and
+/// greys (kept for the summarized band and merged shapes).
+pub const PALETTE: [&str; 16] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#9c755f", "#d37295",
+    "#a0cbe8", "#ffbe7d", "#8cd17d", "#d4a6c8", "#f1ce63", "#86bcb6", "#d7b5a6", "#499894",
+];
+/// Summarized allocations, merged small shapes.
+pub const GREY: &str = "#bab0ac";
+/// OOM marks, failed requests, rounding waste.
+pub const RED: &str = "#d62728";
+pub const INK: &str = "#222";
+pub const MUTED: &str = "#555";
+pub const GRID: &str = "#e3e3e3";
+
+/// Escapes text for XML content and attribute values; drops characters XML 1.0 forbids.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            '\t' | '\n' => out.push(c),
+            '\r' => {}
+            c if (c as u32) < 0x20 => out.push(' '),
+            '\u{FFFE}' | '\u{FFFF}' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A coordinate with at most one decimal (`12`, `12.5`, `-3.1`); never `-0`, never NaN.
+pub fn num(v: f64) -> String {
+    let tenths = if v.is_finite() { (v * 10.0).round() } else { 0.0 };
+    let tenths = tenths.clamp(-1e15, 1e15) as i64;
+    let sign = if tenths < 0 { "-" } else { "" };
+    let a = tenths.unsigned_abs();
+    if a % 10 == 0 {
+        format!("{sign}{}", a / 10)
+    } else {
+        format!("{sign}{}.{}", a / 10, a % 10)
+    }
+}
+
+/// Tenths of a user unit: the resolution every coordinate is written at.
+pub fn tenths(v: f64) -> i64 {
+    if v.is_finite() {
+        (v * 10.0).round().clamp(-1e15, 1e15) as i64
+    } else {
+        0
+    }
+}
+
+/// Writes a point list from tenths, dropping repeated points and the middle of collinear
+/// vertical or horizontal runs.
+pub fn points(out: &mut String, pts: &[(i64, i64)]) {
+    let mut kept: Vec<(i64, i64)> = Vec::with_capacity(pts.len());
+    for &p in pts {
+        if kept.last() == Some(&p) {
+            continue;
+        }
+        if kept.len() >= 2 {
+            let a = kept[kept.len() - 2];
+            let b = kept[kept.len() - 1];
+            if (a.0 == b.0 && b.0 == p.0) || (a.1 == b.1 && b.1 == p.1) {
+                let last = kept.len() - 1;
+                kept[last] = p;
+                continue;
+            }
+        }
+        kept.push(p);
+    }
+    for (i, (x, y)) in kept.iter().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        let _ = write!(out, "{},{}", num(*x as f64 / 10.0), num(*y as f64 / 10.0));
+    }
+}
+
+/// 64-bit FNV-1a: a stable hash (same text → same colour, on every machine, in every version).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The palette colour of a text (a call site).
+pub fn colour_of_text(text: &str) -> &'static str {
+    PALETTE[(fnv1a(text.as_bytes()) % PALETTE.len() as u64) as usize]
+}
+
+/// What a reader is told about an allocation without a recorded stack.
+pub fn origin_label(a: &Allocation) -> &'static str {
+    match a.origin {
+        Origin::Traced => "<no stack recorded>",
+        Origin::FreedInWindow => "<allocated before the trace window>",
+        Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
+    }
+}
+
+/// Call sites and colours of allocations.
+pub struct Colours<'a> {
+    pub interner: &'a Interner,
+}
+
+impl<'a> Colours<'a> {
+    pub fn new(interner: &'a Interner) -> Self {
+        Colours { interner }
+    }
+
+    /// The call site of an allocation, if its stack was recorded.
+    pub fn site(&self, a: &Allocation) -> Option<String> {
+        call_site(self.interner, a.stack)
+    }
+
+    /// The colour an allocation is drawn in. Today: its call site (hashed into [`PALETTE`]);
+    /// without a stack, its address and birth, so that neighbours still differ.
+    ///
+    /// This is the one place to change when allocations get categories (phases, parameter /
+    /// activation / optimizer state): map the category to a colour here.
+    pub fn colour_for(&self, a: &Allocation) -> &'static str {
+        match self.site(a) {
+            Some(site) => colour_of_text(&site),
+            None => self.colour_for_stackless(a.address, a.alloc_event),
+        }
+    }
+
+    /// Colour of a block known only by its stack (a dump block with no allocation record).
+    pub fn colour_for_stack(&self, stack: StackId, address: u64) -> &'static str {
+        match call_site(self.interner, stack) {
+            Some(site) => colour_of_text(&site),
+            None => self.colour_for_stackless(address, None),
+        }
+    }
+
+    fn colour_for_stackless(&self, address: u64, born: Option<u32>) -> &'static str {
+        let mut key = address.to_le_bytes().to_vec();
+        key.extend_from_slice(&born.map_or(u64::MAX, u64::from).to_le_bytes());
+        PALETTE[(fnv1a(&key) % PALETTE.len() as u64) as usize]
+    }
+}
+
+/// Cuts `text` to at most `max` characters, keeping its end (the informative part of a path).
+pub fn cut_left(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_owned();
+    }
+    let keep = max.saturating_sub(1);
+    let tail: String = text.chars().skip(n - keep).collect();
+    format!("…{tail}")
+}
+
+/// Cuts `text` to at most `max` characters, keeping its start.
+pub fn cut_right(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{head}…")
+}
+
+/// `12.0MiB (12582912 bytes)`.
+pub fn bytes_exact(b: u64) -> String {
+    format!("{} ({b} bytes)", format_bytes(b))
+}
+
+/// At most this many stack lines in a tooltip.
+pub const STACK_LINES: usize = 6;
+/// Longest line in a tooltip.
+const TOOLTIP_LINE: usize = 120;
+
+/// The call site and a short stack, as tooltip lines.
+pub fn stack_tooltip(interner: &Interner, stack: StackId, fallback: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    match call_site(interner, stack) {
+        Some(site) => lines.push(format!("call site: {}", cut_left(&site, TOOLTIP_LINE))),
+        None => lines.push(fallback.to_owned()),
+    }
+    let stack = stack_lines(interner, stack);
+    if !stack.is_empty() {
+        lines.push("stack (innermost first):".to_owned());
+        for l in stack.iter().take(STACK_LINES) {
+            lines.push(format!("  {}", cut_left(l, TOOLTIP_LINE)));
+        }
+        if stack.len() > STACK_LINES {
+            lines.push(format!("  … {} more frames", stack.len() - STACK_LINES));
+        }
+    }
+    lines
+}
+
+/// `<title>` element with the lines joined by newlines (browsers show them as a tooltip).
+pub fn title(lines: &[String]) -> String {
+    format!("<title>{}</title>", esc(&lines.join("\n")))
+}
+
+/// Byte ticks in binary units: a power-of-two step giving 3–8 ticks whose labels
+/// ([`format_bytes`], one decimal) are exact. Returns (step, axis maximum).
+pub fn byte_ticks(max: u64) -> (u64, u64) {
+    let max = max.max(1024);
+    let mut step: u64 = 1;
+    while step.saturating_mul(8) < max {
+        step = step.saturating_mul(2);
+    }
+    let exact = |v: u64| {
+        let mut unit: u64 = 1;
+        while v >= unit.saturating_mul(1024) && unit < (1u64 << 60) {
+            unit *= 1024;
+        }
+        // One decimal is exact when v is a multiple of unit/10 … in binary: unit/2 always,
+        // and any multiple of unit/1024 that prints back to itself.
+        let tenths = (v as f64 / unit as f64 * 10.0).round();
+        (tenths / 10.0 * unit as f64 - v as f64).abs() < 0.5
+    };
+    loop {
+        let top = max.div_ceil(step).saturating_mul(step);
+        let all_exact = (0..=top / step).all(|i| exact(i * step));
+        if all_exact || step >= (1u64 << 62) {
+            return (step, top);
+        }
+        step = step.saturating_mul(2);
+    }
+}
+
+/// A "nice" step (1, 2 or 5 × 10ⁿ) giving at most `max_ticks` ticks over `[0, span]`.
+pub fn nice_step(span: f64, max_ticks: usize) -> f64 {
+    if span.is_nan() || span <= 0.0 {
+        return 1.0;
+    }
+    let raw = span / max_ticks.max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if m * mag >= raw {
+            return m * mag;
+        }
+    }
+    10.0 * mag
+}
+
+/// `950`, `12k`, `1.5M` for event counts.
+pub fn fmt_count(v: f64) -> String {
+    let v = v.round();
+    if v.abs() < 10_000.0 {
+        format!("{v:.0}")
+    } else if v.abs() < 1e6 {
+        trim_zero(format!("{:.1}", v / 1e3)) + "k"
+    } else {
+        trim_zero(format!("{:.1}", v / 1e6)) + "M"
+    }
+}
+
+/// Seconds with as many decimals as the tick step needs.
+pub fn fmt_seconds(v: f64, step: f64) -> String {
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()) as usize
+    };
+    format!("{v:.decimals$}s")
+}
+
+fn trim_zero(s: String) -> String {
+    match s.strip_suffix(".0") {
+        Some(t) => t.to_owned(),
+        None => s,
+    }
+}
+
+/// Hatch pattern for free memory (holes).
+pub const HATCH_ID: &str = "snapscan-hatch";
+
+/// The outer document around panels of total height `height`.
+pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
+    let h = num(height);
+    let mut out = String::with_capacity(body.len() + 1024);
+    out.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {h}\" width=\"100%\" \
+         font-family=\"{}\" font-size=\"13\" fill=\"{INK}\">",
+        num(WIDTH),
+        esc(SANS)
+    );
+    let _ = writeln!(out, "<title>{}</title>", esc(title_text));
+    let _ = writeln!(
+        out,
+        "<defs><pattern id=\"{HATCH_ID}\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" \
+         patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ffffff\"/>\
+         <rect width=\"2\" height=\"6\" fill=\"#b4b4b4\"/></pattern></defs>"
+    );
+    let _ = writeln!(
+        out,
+        "<rect width=\"{}\" height=\"{h}\" fill=\"#ffffff\"/>",
+        num(WIDTH)
+    );
+    out.push_str(body);
+    out.push_str("</svg>\n");
+    out.into_bytes()
+}
+
+/// A text element.
+pub fn text(out: &mut String, x: f64, y: f64, size: u32, attrs: &str, content: &str) {
+    let _ = writeln!(
+        out,
+        "<text x=\"{}\" y=\"{}\" font-size=\"{size}\"{}{attrs}>{}</text>",
+        num(x),
+        num(y),
+        if attrs.is_empty() { "" } else { " " },
+        esc(content)
+    );
+}
+
+/// A legend entry: swatch (`fill` or a pattern URL) and label. Returns the entry's width.
+pub fn legend_swatch(out: &mut String, x: f64, y: f64, fill: &str, label: &str, mono: bool) {
+    let _ = writeln!(
+        out,
+        "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\" stroke=\"{MUTED}\" stroke-width=\"0.5\"/>",
+        num(x),
+        num(y - 11.0),
+        esc(fill)
+    );
+    let attrs = if mono {
+        format!("font-family=\"{}\"", esc(MONO))
+    } else {
+        String::new()
+    };
+    text(out, x + 20.0, y, 12, &attrs, label);
+}
+
+/// Safe file-name stems for the pictures of several input files: `timeline-<stem>.svg`.
+/// Names are made of `[A-Za-z0-9._-]`; duplicates get `-2`, `-3`, …
+pub fn picture_stems(names: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        let base = name.rsplit(['/', '\\']).next().unwrap_or(name);
+        let mut stem = base.to_owned();
+        for ext in [".gz", ".zst", ".zstd", ".pickle", ".pkl", ".json"] {
+            if let Some(s) = stem.strip_suffix(ext) {
+                stem = s.to_owned();
+            }
+        }
+        let mut stem: String = stem
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        stem = stem.trim_matches('.').to_owned();
+        if stem.is_empty() {
+            stem = "snapshot".to_owned();
+        }
+        let mut candidate = stem.clone();
+        let mut n = 2;
+        while out.contains(&candidate) {
+            candidate = format!("{stem}-{n}");
+            n += 1;
+        }
+        out.push(candidate);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_have_one_decimal_at_most() {
+        assert_eq!(num(0.0), "0");
+        assert_eq!(num(-0.04), "0");
+        assert_eq!(num(12.25), "12.3");
+        assert_eq!(num(-3.14), "-3.1");
+        assert_eq!(num(7.0), "7");
+        assert_eq!(num(f64::NAN), "0");
+    }
+
+    #[test]
+    fn escapes_markup_and_control_characters() {
+        assert_eq!(esc("a<b>&\"c'\u{1}"), "a&lt;b&gt;&amp;&quot;c&#39; ");
+    }
+
+    #[test]
+    fn byte_ticks_are_exact() {
+        let gib = 1u64 << 30;
+        assert_eq!(byte_ticks(13 * gib + gib / 5), (2 * gib, 14 * gib));
+        let (step, top) = byte_ticks(gib + gib / 3);
+        assert_eq!(step, gib / 2);
+        assert_eq!(top, 3 * gib / 2);
+        assert_eq!(byte_ticks(0).0, 128);
+    }
+
+    #[test]
+    fn counts_and_steps() {
+        assert_eq!(fmt_count(950.0), "950");
+        assert_eq!(fmt_count(12_000.0), "12k");
+        assert_eq!(fmt_count(1_500_000.0), "1.5M");
+        assert_eq!(nice_step(5163.0, 10), 1000.0);
+        assert_eq!(nice_step(0.9, 10), 0.1);
+        assert_eq!(fmt_seconds(0.25, 0.05), "0.25s");
+    }
+
+    #[test]
+    fn collinear_points_merge() {
+        let mut s = String::new();
+        points(&mut s, &[(0, 0), (10, 0), (20, 0), (20, 10), (20, 20), (20, 20)]);
+        assert_eq!(s, "0,0 2,0 2,2");
+    }
+
+    #[test]
+    fn stems_are_safe_and_unique() {
+        let names = vec![
+            "runs/rank0.pickle".to_owned(),
+            "other/rank0.pickle.gz".to_owned(),
+            "<stdin>".to_owned(),
+        ];
+        assert_eq!(picture_stems(&names), vec!["rank0", "rank0-2", "_stdin_"]);
+    }
+
+    #[test]
+    fn colours_are_stable() {
+        assert_eq!(colour_of_text("train.py:42:step"), colour_of_text("train.py:42:step"));
+        assert!(PALETTE.contains(&colour_of_text("x")));
+    }
+}
