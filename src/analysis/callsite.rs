@@ -151,3 +151,28 @@ mod tests {
         assert_eq!(call_site(&i, StackId::EMPTY), None);
     }
 }
+
+/// Call sites computed once per distinct stack (a live set has thousands of allocations but
+/// few distinct stacks).
+pub struct CallSites<'a> {
+    interner: &'a Interner,
+    cache: std::cell::RefCell<rustc_hash::FxHashMap<StackId, Option<std::rc::Rc<str>>>>,
+}
+
+impl<'a> CallSites<'a> {
+    pub fn new(interner: &'a Interner) -> Self {
+        CallSites {
+            interner,
+            cache: Default::default(),
+        }
+    }
+
+    pub fn of(&self, stack: StackId) -> Option<std::rc::Rc<str>> {
+        if let Some(hit) = self.cache.borrow().get(&stack) {
+            return hit.clone();
+        }
+        let site: Option<std::rc::Rc<str>> = call_site(self.interner, stack).map(Into::into);
+        self.cache.borrow_mut().insert(stack, site.clone());
+        site
+    }
+}

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use super::callsite::{call_site, stack_lines};
+use super::callsite::{call_site, stack_lines, CallSites};
 use super::layout::{layout_at, Moment, SegmentLayout};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
@@ -39,12 +39,15 @@ fn origin_label(a: &Allocation) -> &'static str {
     }
 }
 
-fn site_of(snapshot: &Snapshot, a: &Allocation) -> String {
-    call_site(&snapshot.interner, a.stack).unwrap_or_else(|| origin_label(a).to_owned())
+fn site_of(sites: &CallSites, a: &Allocation) -> String {
+    match sites.of(a.stack) {
+        Some(s) => s.to_string(),
+        None => origin_label(a).to_owned(),
+    }
 }
 
 fn live_allocation(
-    snapshot: &Snapshot,
+    sites: &CallSites,
     trace: &[crate::snapshot::TraceEntry],
     a: &Allocation,
     at: Option<u32>,
@@ -63,7 +66,7 @@ fn live_allocation(
             (Some(b), Some(p)) => Some(p - b),
             _ => None,
         },
-        call_site: site_of(snapshot, a),
+        call_site: site_of(sites, a),
         stream: a.stream,
     }
 }
@@ -71,13 +74,14 @@ fn live_allocation(
 /// Groups allocations by call site, largest first.
 fn by_call_site<'a>(
     snapshot: &Snapshot,
+    sites: &CallSites,
     allocations: impl Iterator<Item = &'a Allocation>,
     total: i64,
 ) -> Vec<CallSiteBytes> {
     let mut groups: HashMap<String, (u64, u64, u64, StackId)> = HashMap::new();
     for a in allocations {
         let g = groups
-            .entry(site_of(snapshot, a))
+            .entry(site_of(sites, a))
             .or_insert((0, 0, 0, StackId::EMPTY));
         g.0 += a.requested_bytes;
         g.1 += 1;
@@ -232,7 +236,7 @@ fn oom_report(
         stream: entry.stream,
         verdict: verdict.to_owned(),
         call_site: call_site(&snapshot.interner, entry.frames),
-        live_by_call_site: by_call_site(snapshot, replay.live_after(Some(event)), live_total),
+        live_by_call_site: by_call_site(snapshot, &CallSites::new(&snapshot.interner), replay.live_after(Some(event)), live_total),
         segments: layout.iter().map(segment_report).collect(),
     }
 }
@@ -240,6 +244,7 @@ fn oom_report(
 pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
+    let sites = CallSites::new(&snapshot.interner);
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
@@ -253,7 +258,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     });
     let live_at_peak: Vec<LiveAllocation> = live
         .iter()
-        .map(|a| live_allocation(snapshot, trace, a, peak_event))
+        .map(|a| live_allocation(&sites, trace, a, peak_event))
         .collect();
 
     let (low_event, low_level) = low_point_before(&replay, peak_event);
@@ -277,7 +282,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         allocations: held
             .iter()
             .take(options.held_open_limit)
-            .map(|a| live_allocation(snapshot, trace, a, peak_event))
+            .map(|a| live_allocation(&sites, trace, a, peak_event))
             .collect(),
     };
 
@@ -377,7 +382,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             bytes: peak_reserved,
             event_index: peak_reserved_event,
         },
-        live_at_peak_by_call_site: by_call_site(snapshot, live.iter().copied(), peak_requested),
+        live_at_peak_by_call_site: by_call_site(snapshot, &sites, live.iter().copied(), peak_requested),
         live_at_peak,
         held_open,
         oom,

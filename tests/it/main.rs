@@ -3,5 +3,6 @@
 mod analysis;
 mod common;
 mod decode;
+mod robustness;
 mod explain;
 mod svg;
