@@ -42,7 +42,9 @@ pub enum Command {
     /// The main job: OOM verdict, peak, what was alive at the peak (by call site), what held it
     /// open, and fragmentation, per device. Several files (the ranks of one job) are analysed in
     /// parallel and compared in a table first.
-    #[command(after_help = "Examples:\n  snapscan report speicher.pickle\n  snapscan report --format markdown speicher.pickle > report.md\n  snapscan report --format json rank*.pickle > report.json")]
+    #[command(
+        after_help = "Examples:\n  snapscan report speicher.pickle\n  snapscan report --format markdown speicher.pickle > report.md\n  snapscan report --format markdown --svg out -o out/report.md speicher.pickle\n  snapscan report --format json rank*.pickle > report.json"
+    )]
     Report {
         /// Snapshot files or directories (`-` for stdin).
         #[arg(required = true)]
@@ -61,10 +63,59 @@ pub enum Command {
         /// Write to this file instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Also write the pictures (timeline.svg, segments.svg; `-<file>` suffixes for several
+        /// files) into this directory; the Markdown report links them.
+        #[arg(long, value_name = "DIR")]
+        svg: Option<PathBuf>,
+    },
+    /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
+    /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
+    /// bytes, the peak and OOMs marked. Hover a shape for its size, lifetime, call site and stack.
+    #[command(
+        after_help = "Examples:\n  snapscan timeline speicher.pickle -o timeline.svg\n  snapscan timeline --x time --detail 500 --device 1 rank3.pickle -o rank3-timeline.svg\nWithout -o the picture is written to timeline.svg in the current directory; `-o -` writes it to stdout."
+    )]
+    Timeline {
+        /// Snapshot file (`-` for stdin).
+        file: PathBuf,
+        /// Only this device (default: one panel per device).
+        #[arg(long)]
+        device: Option<i64>,
+        /// x axis: trace events, or seconds from `time_us` (events when the trace has no times).
+        #[arg(long, value_enum, default_value_t = crate::render::svg_timeline::XAxis::Events)]
+        x: crate::render::svg_timeline::XAxis,
+        /// How many of the largest allocations get their own shape; the others form one band
+        /// (at most 1000 shapes per file).
+        #[arg(long, default_value_t = crate::render::svg_timeline::DEFAULT_DETAIL)]
+        detail: usize,
+        /// Output file (`-` for stdout).
+        #[arg(short, long, default_value = "timeline.svg")]
+        output: PathBuf,
+    },
+    /// Segment layout picture (SVG): every segment as a bar as long as its size, live blocks
+    /// coloured by call site, free holes hatched, rounding waste red, the largest hole labelled
+    /// and, at an OOM, the failed request drawn to the same scale next to it.
+    #[command(
+        after_help = "Examples:\n  snapscan segments speicher.pickle -o segments.svg\n  snapscan segments --at 1234 speicher.pickle -o after-1234.svg\nWithout -o the picture is written to segments.svg in the current directory; `-o -` writes it to stdout."
+    )]
+    Segments {
+        /// Snapshot file (`-` for stdin).
+        file: PathBuf,
+        /// Moment: `peak`, `oom` (the first OOM; an error if there is none), `end` (the dump), a
+        /// trace event index (state after it), or `auto` = the first OOM if any, else the peak.
+        #[arg(long, value_name = "MOMENT", default_value = "auto", value_parser = crate::render::svg_segments::parse_at)]
+        at: crate::render::svg_segments::At,
+        /// Only this device (default: one panel per device).
+        #[arg(long)]
+        device: Option<i64>,
+        /// Output file (`-` for stdout).
+        #[arg(short, long, default_value = "segments.svg")]
+        output: PathBuf,
     },
     /// Final allocator state per device: reserved, allocated, free (internal/external), blocks,
     /// pools, streams and trace entries — the figures of `python -m torch.cuda._memory_viz stats`.
-    #[command(after_help = "Example:\n  snapscan stats speicher.pickle\n  snapscan stats --format json rank*.pickle > stats.json")]
+    #[command(
+        after_help = "Example:\n  snapscan stats speicher.pickle\n  snapscan stats --format json rank*.pickle > stats.json"
+    )]
     Stats {
         /// Snapshot files (`-` for stdin); several files are read in parallel.
         #[arg(required = true)]
@@ -72,6 +123,22 @@ pub enum Command {
         /// Only this device.
         #[arg(long)]
         device: Option<i64>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Finds CUDA out-of-memory messages in a log (PyTorch 1.0–2.x wordings) and gives, for each,
+    /// the figures, a verdict (fragmentation, other_processes, full, unknown) and first actions:
+    /// for CI runs that kept a log but no snapshot.
+    #[command(
+        after_help = "Examples:\n  snapscan explain train.log\n  python train.py 2>&1 | tee train.log | snapscan explain\n  snapscan explain --format json ci-output.txt > oom.json\nExit code 0 when the log was read, even if no message was found; 2 when it could not be read."
+    )]
+    Explain {
+        /// Log file (`-` for stdin).
+        #[arg(default_value = "-")]
+        log: PathBuf,
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
         /// Write to this file instead of stdout.
@@ -106,6 +173,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             top,
             stacks,
             output,
+            svg,
         } => {
             let loaded = load_all(&files)?;
             let options = analysis::report::ReportOptions {
@@ -123,14 +191,62 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 ranks,
             };
             let view = crate::render::report_text::View { top, stacks };
-            let bytes = match format {
+            let pictures = match &svg {
+                Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
+                None => Vec::new(),
+            };
+            let mut bytes = match format {
                 Format::Json => crate::render::json(&report),
                 Format::Text => crate::render::report_text::text(&report, &view).into_bytes(),
-                Format::Markdown => crate::render::report_text::markdown(&report, &view).into_bytes(),
+                Format::Markdown => {
+                    crate::render::report_text::markdown_with_pictures(&report, &view, &pictures)
+                        .into_bytes()
+                }
             };
+            if format == Format::Text {
+                for p in &pictures {
+                    bytes.extend(
+                        format!("\nPictures of {}: {} {}\n", p.file, p.timeline, p.segments)
+                            .bytes(),
+                    );
+                }
+            }
             Ok(Outcome {
                 output: bytes,
                 target: output,
+                code: 0,
+            })
+        }
+        Command::Timeline {
+            file,
+            device,
+            x,
+            detail,
+            output,
+        } => {
+            let loaded = snapshot::load(&file)?;
+            let options = crate::render::svg_timeline::TimelineOptions { device, x, detail };
+            let bytes =
+                crate::render::svg_timeline::timeline(&loaded.name, &loaded.snapshot, &options)?;
+            Ok(Outcome {
+                output: bytes,
+                target: (output.as_os_str() != "-").then_some(output),
+                code: 0,
+            })
+        }
+        Command::Segments {
+            file,
+            at,
+            device,
+            output,
+        } => {
+            let loaded = snapshot::load(&file)?;
+            let options = crate::render::svg_segments::SegmentsOptions { device, at };
+            let bytes =
+                crate::render::svg_segments::segments(&loaded.name, &loaded.snapshot, &options)?;
+            Ok(Outcome {
+                output: bytes,
+                target: (output.as_os_str() != "-").then_some(output),
                 code: 0,
             })
         }
@@ -160,7 +276,97 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 code: 0,
             })
         }
+        Command::Explain {
+            log,
+            format,
+            output,
+        } => {
+            let found = crate::explain::scan_path(&log)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", crate::input::display_name(&log)))?;
+            let bytes = match format {
+                Format::Json => crate::render::json(&found),
+                Format::Text => crate::render::explain_text::text(&found).into_bytes(),
+                Format::Markdown => crate::render::explain_text::markdown(&found).into_bytes(),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
     }
+}
+
+/// `report --svg DIR`: writes timeline and segments pictures of every file into `dir` and
+/// returns the links the Markdown report shows (relative to the report file when possible).
+fn write_pictures(
+    loaded: &[LoadedSnapshot],
+    dir: &std::path::Path,
+    device: Option<i64>,
+    report_path: Option<&std::path::Path>,
+) -> Result<Vec<crate::render::report_text::PictureLinks>, anyhow::Error> {
+    use crate::render::{svg, svg_segments, svg_timeline};
+    std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let names: Vec<String> = loaded.iter().map(|l| l.name.clone()).collect();
+    let stems = svg::picture_stems(&names);
+    // Links are relative to the report's directory when the pictures are inside it.
+    let report_dir = report_path.map(|p| match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    });
+    let prefix = match report_dir.as_ref().and_then(|r| r.canonicalize().ok()) {
+        Some(r) => match dir.canonicalize() {
+            Ok(d) => d
+                .strip_prefix(&r)
+                .map(|p| p.to_path_buf())
+                .unwrap_or_else(|_| dir.to_path_buf()),
+            Err(_) => dir.to_path_buf(),
+        },
+        None => dir.to_path_buf(),
+    };
+    let rendered: Vec<_> = loaded
+        .par_iter()
+        .map(|l| {
+            let timeline = svg_timeline::timeline(
+                &l.name,
+                &l.snapshot,
+                &svg_timeline::TimelineOptions {
+                    device,
+                    ..Default::default()
+                },
+            )?;
+            let segments = svg_segments::segments(
+                &l.name,
+                &l.snapshot,
+                &svg_segments::SegmentsOptions {
+                    device,
+                    ..Default::default()
+                },
+            )?;
+            Ok::<_, anyhow::Error>((timeline, segments))
+        })
+        .collect();
+    let mut links = Vec::with_capacity(loaded.len());
+    for ((l, stem), r) in loaded.iter().zip(&stems).zip(rendered) {
+        let (timeline, segments) = r?;
+        let suffix = if loaded.len() > 1 {
+            format!("-{stem}")
+        } else {
+            String::new()
+        };
+        let link = |kind: &str, bytes: &[u8]| -> Result<String, anyhow::Error> {
+            let file = format!("{kind}{suffix}.svg");
+            let path = dir.join(&file);
+            std::fs::write(&path, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            Ok(prefix.join(&file).to_string_lossy().replace('\\', "/"))
+        };
+        links.push(crate::render::report_text::PictureLinks {
+            file: l.name.clone(),
+            timeline: link("timeline", &timeline)?,
+            segments: link("segments", &segments)?,
+        });
+    }
+    Ok(links)
 }
 
 /// Entry point of the binary.
@@ -180,7 +386,10 @@ pub fn main() -> ExitCode {
                     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
                 None => {
                     let mut stdout = std::io::stdout().lock();
-                    match stdout.write_all(&outcome.output).and_then(|_| stdout.flush()) {
+                    match stdout
+                        .write_all(&outcome.output)
+                        .and_then(|_| stdout.flush())
+                    {
                         Ok(()) => Ok(()),
                         // `snapscan report … | head` closing the pipe is not an error.
                         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),

@@ -174,7 +174,7 @@ impl Figure {
 /// is ignored). Units: `bytes`, `KiB`, `MiB`, `GiB`, `TiB`, `PiB`, `EiB` (1024-based). `None`
 /// when the text is not exactly one figure.
 pub fn parse_figure(text: &str) -> Option<Figure> {
-    let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    let (compact, _) = compact(text);
     let mut cur = Cur::new(&compact);
     let figure = cur.size()?;
     cur.at_end().then_some(figure)
@@ -410,16 +410,26 @@ impl Parsed {
 }
 
 /// Whitespace-free copy of `text`, with the byte offset in `text` of every byte kept.
+/// Unicode whitespace (no-break spaces of pasted logs included) and zero-width characters
+/// are dropped.
 fn compact(text: &str) -> (Vec<u8>, Vec<usize>) {
     let mut out = Vec::with_capacity(text.len());
     let mut map = Vec::with_capacity(text.len());
-    for (i, b) in text.bytes().enumerate() {
-        if !b.is_ascii_whitespace() {
+    for (i, c) in text.char_indices() {
+        if is_blank(c) {
+            continue;
+        }
+        let mut buf = [0u8; 4];
+        for b in c.encode_utf8(&mut buf).bytes() {
             out.push(b);
             map.push(i);
         }
     }
     (out, map)
+}
+
+fn is_blank(c: char) -> bool {
+    c.is_whitespace() || matches!(c, '\u{200b}' | '\u{200c}' | '\u{200d}' | '\u{feff}')
 }
 
 fn gpu_index(cur: &mut Cur) -> Option<u32> {
@@ -605,9 +615,8 @@ fn may_continue(c: &[u8]) -> bool {
         return true;
     }
     // `Tried to allocate 20.0` + next line `0 MiB (GPU 0; …`.
-    t.strip_prefix(TRIED).is_some_and(|r| {
-        r.len() < 24 && r.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'.')
-    })
+    t.strip_prefix(TRIED)
+        .is_some_and(|r| r.len() < 24 && r.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'.'))
 }
 
 fn known(f: &Option<Figure>) -> Option<u64> {
@@ -620,20 +629,20 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
     let mut note_too_large = |field: &str, f: &Option<Figure>| {
         if let Some(Figure::TooLarge(printed)) = f {
             notes.push(format!(
-                "the {field} figure `{printed}` does not fit in 64 bits (16 EiB or more), so it \
+                "the figure for {field}, `{printed}`, does not fit in 64 bits (16 EiB or more), so it \
                  is treated as not printed; the driver most likely reported an invalid value"
             ));
         }
     };
     note_too_large("capacity", &p.capacity);
     note_too_large("free", &p.free);
-    note_too_large("this-process", &p.process_in_use);
+    note_too_large("this process's memory in use", &p.process_in_use);
     note_too_large("allocated", &p.allocated);
     note_too_large("reserved", &p.reserved);
     note_too_large("cached", &p.cached);
     note_too_large("unallocated", &p.unallocated);
     note_too_large("allowed", &p.allowed);
-    note_too_large("private-pools", &p.private_pools);
+    note_too_large("private pools", &p.private_pools);
     let requested_bytes = match &p.requested {
         Figure::Bytes(b) => *b,
         Figure::TooLarge(printed) => {
@@ -647,8 +656,7 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
     if p.more_than_1eb {
         notes.push(
             "PyTorch refused a request of 1 EiB or more (`more than 1EB`); requested_bytes is \
-             that lower bound. Such sizes come from a wrong shape (an overflowed or negative \
-             dimension, a huge `expand`), not from a lack of memory."
+             that lower bound"
                 .to_owned(),
         );
     }
@@ -722,11 +730,20 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
                 Some(u) => format!("{} reserved but unallocated", fs(u)),
                 None => "no figure for reserved-but-unallocated memory".to_owned(),
             };
+            let cap = capacity.unwrap_or(0);
+            let why = if req > cap {
+                format!(
+                    "the request alone is larger than the whole device ({})",
+                    fs(cap)
+                )
+            } else {
+                "the memory was in use".to_owned()
+            };
             format!(
                 "{} of {} was free and the cache had {unalloc}, not enough for the {} \
-                 requested: the memory was in use",
+                 requested: {why}",
                 fs(free.unwrap_or(0)),
-                fs(capacity.unwrap_or(0)),
+                fs(cap),
                 fs(req)
             )
         }
@@ -741,11 +758,28 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
     if let (Some(a), Some(c)) = (allocated, capacity) {
         if a > c {
             notes.push(format!(
-                "PyTorch reports {} allocated on a {} device: the driver is probably spilling \
+                "PyTorch reports {} allocated on a device of {}: the driver is probably spilling \
                  into shared system memory (Windows does this), which is slow; treat the device \
                  as full",
                 fs(a),
                 fs(c)
+            ));
+        }
+    }
+    if let (None, [entry], Some(a), Some(u)) = (
+        process_in_use,
+        entries.as_slice(),
+        allocated,
+        reserved_unallocated,
+    ) {
+        let own = a.saturating_add(u);
+        if let Some(b) = entry.bytes.filter(|b| *b >= own && *b - own <= 1 << 30) {
+            notes.push(format!(
+                "process {} holds {}, close to the {} this process reserved (allocated + \
+                 unallocated): it may be this process seen through a container's PID namespace",
+                entry.pid,
+                fs(b),
+                fs(own)
             ));
         }
     }
@@ -848,11 +882,18 @@ fn advise(f: &Facts) -> Vec<Advice> {
     };
     let mut out = Vec::new();
     if f.more_than_1eb {
-        out.push(advice(
-            "Print the shapes of the tensors created on the failing line",
-            "a request of 1 EiB or more is a wrong shape (overflowed or negative size), not a \
-             memory problem",
-        ));
+        return vec![
+            advice(
+                "Print the shapes of the tensors created on the failing line",
+                "a request of 1 EiB or more comes from a wrong shape, not from a lack of memory",
+            ),
+            advice(
+                "Check the size arithmetic behind that shape: a negative value turned unsigned, \
+                 a product of dimensions that overflowed, an `expand` or `repeat` over the wrong \
+                 axis",
+                "no GPU has 1 EiB; fixing the shape fixes the error",
+            ),
+        ];
     }
     match f.verdict {
         Verdict::Fragmentation => {
@@ -897,7 +938,7 @@ fn advise(f: &Facts) -> Vec<Advice> {
                          environment ({since})"
                     ),
                     format!(
-                        "{unalloc} was cached but unallocated, more than the {req} request; \
+                        "{unalloc} was reserved but unallocated, at least the {req} request; \
                          blocks above the limit are never split for small requests, so large \
                          free blocks stay whole"
                     ),
@@ -1093,8 +1134,15 @@ fn head(s: &str, max: usize) -> &str {
 }
 
 /// Drops from `line` a log prefix it shares with the message's first line: the common start,
-/// cut back to just after a delimiter (`]`, `)`, `|`, `>`, or `:` before a space).
-fn strip_shared_prefix<'a>(prefix: &str, line: &'a str) -> &'a str {
+/// cut back to just after a delimiter (`]`, `)`, `|`, `>`, `:` before a space, or a space that
+/// ends a word), so `[rank0]: `, `worker-1  | `, pytest's `E   ` go. A leading timestamp on
+/// both lines (`2025-11-12T11:25:13.4961658Z `, `2024-01-01 12:00:00,123 `) is dropped first,
+/// since it differs from line to line.
+fn strip_continuation_prefix<'a>(prefix: &str, line: &'a str) -> &'a str {
+    let (prefix, line) = match (strip_timestamp(prefix), strip_timestamp(line)) {
+        (Some(p), Some(l)) => (p, l),
+        _ => (prefix, line),
+    };
     let lb = line.as_bytes();
     let common = prefix
         .bytes()
@@ -1106,11 +1154,46 @@ fn strip_shared_prefix<'a>(prefix: &str, line: &'a str) -> &'a str {
         match lb[i] {
             b']' | b')' | b'|' | b'>' => cut = i + 1,
             b':' if lb.get(i + 1).is_none_or(|b| *b == b' ') => cut = i + 1,
+            b' ' | b'\t' if i > 0 && !lb[i - 1].is_ascii_whitespace() => cut = i + 1,
             _ => {}
+        }
+    }
+    if cut > 0 {
+        while lb.get(cut).is_some_and(|c| *c == b' ' || *c == b'\t') {
+            cut += 1;
         }
     }
     // `cut` follows an ASCII byte, so it is a character boundary.
     line.get(cut..).unwrap_or(line)
+}
+
+/// `line` without a leading ISO-like timestamp (`YYYY-MM-DD`, then `T` or a space and a time)
+/// and the spaces after it; `None` without one.
+fn strip_timestamp(line: &str) -> Option<&str> {
+    let b = line.as_bytes();
+    let date_ok = b.len() >= 10
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'-'
+        && b[8..10].iter().all(u8::is_ascii_digit);
+    if !date_ok {
+        return None;
+    }
+    let mut i = 10;
+    if matches!(b.get(i), Some(b'T' | b' ')) && b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+        i += 1;
+        while b.get(i).is_some_and(|c| {
+            c.is_ascii_digit() || matches!(c, b':' | b'.' | b',' | b'+' | b'-' | b'Z')
+        }) {
+            i += 1;
+        }
+    }
+    while b.get(i).is_some_and(|c| *c == b' ' || *c == b'\t') {
+        i += 1;
+    }
+    // Only ASCII bytes were skipped, so `i` is a character boundary.
+    line.get(i..)
 }
 
 enum State {
@@ -1150,7 +1233,7 @@ impl Scanner {
         let first_anchor = seg.find(ANCHOR);
         if let Some(mut p) = self.pending.take() {
             if first_anchor.is_none() && !seg.trim().is_empty() {
-                let cont = strip_shared_prefix(&p.prefix, seg);
+                let cont = strip_continuation_prefix(&p.prefix, seg);
                 let room = MAX_MESSAGE_BYTES.saturating_sub(p.text.len() + 1);
                 p.text.push('\n');
                 p.text.push_str(head(cont, room));
@@ -1357,8 +1440,10 @@ mod tests {
         ));
         let huge = format!("{} EiB", "9".repeat(200));
         assert!(matches!(parse_figure(&huge), Some(Figure::TooLarge(_))));
+        // 18 decimals are kept, the rest ignored: just under 2 EiB.
         let long_fraction = format!("1.{} EiB", "9".repeat(200));
-        assert_eq!(bytes(&long_fraction), None); // 2 EiB does not fit either
+        assert_eq!(bytes(&long_fraction), Some((1 << 61) - 1));
+        let long_fraction = format!("16.{} EiB", "0".repeat(200));
         assert!(matches!(
             parse_figure(&long_fraction),
             Some(Figure::TooLarge(_))
@@ -1399,6 +1484,59 @@ mod tests {
     }
 
     #[test]
+    fn continuation_prefixes() {
+        let strip = strip_continuation_prefix;
+        assert_eq!(
+            strip("[rank0]: torch.OutOfMemoryError: ", "[rank0]: 0 GiB"),
+            "0 GiB"
+        );
+        assert_eq!(
+            strip("worker-1  | RuntimeError: ", "worker-1  | of 8 GiB"),
+            "of 8 GiB"
+        );
+        assert_eq!(
+            strip("E       RuntimeError: ", "E       free; 1 GiB"),
+            "free; 1 GiB"
+        );
+        assert_eq!(
+            strip(
+                "2025-11-12T11:25:13.4961658Z torch.OutOfMemoryError: ",
+                "2025-11-12T11:25:13.4971658Z 0 GiB is free"
+            ),
+            "0 GiB is free"
+        );
+        assert_eq!(
+            strip(
+                "2024-01-01 12:00:00,123 ERROR train: ",
+                "2024-01-01 12:00:01,456 ERROR train: by PyTorch"
+            ),
+            "by PyTorch"
+        );
+        // Nothing shared: the line stays.
+        assert_eq!(strip("RuntimeError: ", "Runtime is 3 s"), "Runtime is 3 s");
+        assert_eq!(strip("", "[rank0]: x"), "[rank0]: x");
+        assert_eq!(strip_timestamp("2024-01-0"), None);
+        assert_eq!(strip_timestamp("2024-01-01"), Some(""));
+    }
+
+    #[test]
+    fn no_break_spaces_and_timestamped_wrap() {
+        let e = scan_str("CUDA out of memory. Tried to allocate 20.00\u{a0}MiB (GPU\u{a0}0; 1.00 GiB total capacity; 0 bytes already allocated; 0 bytes free; 0 bytes reserved in total by PyTorch)");
+        assert_eq!(e.messages.len(), 1);
+        assert_eq!(e.messages[0].requested_bytes, 20 << 20);
+        assert_eq!(e.messages[0].capacity_bytes, Some(1 << 30));
+        let e = scan_str(
+            "2025-11-12T11:25:13.1Z RuntimeError: CUDA out of memory. Tried to allocate 2\n\
+             2025-11-12T11:25:13.2Z 0.00 MiB (GPU 0; 1.00 GiB total capacity; 0 bytes already\n\
+             2025-11-12T11:25:13.3Z allocated; 0 bytes free; 0 bytes reserved in total by PyTorch)\n",
+        );
+        assert_eq!(e.messages.len(), 1);
+        assert_eq!(e.messages[0].requested_bytes, 20 << 20);
+        assert_eq!(e.messages[0].allocated_bytes, Some(0));
+        assert_eq!(e.messages[0].verdict, Verdict::Full);
+    }
+
+    #[test]
     fn hard_wrap_inside_words_and_crlf() {
         let one = "RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.93 GiB \
                    total capacity; 2.81 GiB already allocated; 25.38 MiB free; 3.06 GiB reserved \
@@ -1416,8 +1554,18 @@ mod tests {
         let (ma, mb) = (&a.messages[0], &b.messages[0]);
         assert_eq!(mb.line, 2);
         assert_eq!(
-            (ma.requested_bytes, ma.capacity_bytes, ma.free_bytes, ma.allocated_bytes),
-            (mb.requested_bytes, mb.capacity_bytes, mb.free_bytes, mb.allocated_bytes)
+            (
+                ma.requested_bytes,
+                ma.capacity_bytes,
+                ma.free_bytes,
+                ma.allocated_bytes
+            ),
+            (
+                mb.requested_bytes,
+                mb.capacity_bytes,
+                mb.free_bytes,
+                mb.allocated_bytes
+            )
         );
         assert_eq!(ma.reserved_bytes, mb.reserved_bytes);
         assert_eq!(mb.verdict, Verdict::Fragmentation);
@@ -1428,7 +1576,9 @@ mod tests {
         let msg = "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of \
                    8.00 GiB of which 0 bytes is free. Of the allocated memory 7.00 GiB is \
                    allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but unallocated.";
-        let e = scan_str(&format!("a\n{msg} x {msg}\nepoch 1: 50%\repoch 1: 99%\r{msg}\n"));
+        let e = scan_str(&format!(
+            "a\n{msg} x {msg}\nepoch 1: 50%\repoch 1: 99%\r{msg}\n"
+        ));
         let lines: Vec<u64> = e.messages.iter().map(|m| m.line).collect();
         assert_eq!(lines, vec![2, 2, 3]);
         assert!(e.messages.iter().all(|m| m.verdict == Verdict::Full));
@@ -1453,7 +1603,8 @@ mod tests {
 
     #[test]
     fn request_only_and_more_than_1eb() {
-        let e = scan_str("RuntimeError: CUDA out of memory. Tried to allocate more than 1EB memory.\n");
+        let e =
+            scan_str("RuntimeError: CUDA out of memory. Tried to allocate more than 1EB memory.\n");
         assert_eq!(e.messages.len(), 1);
         assert_eq!(e.messages[0].requested_bytes, 1 << 60);
         assert_eq!(e.messages[0].verdict, Verdict::Unknown);

@@ -67,7 +67,10 @@ pub fn read_input(path: &Path) -> Result<(InputBytes, Compression), InputError> 
     };
     let raw = if path.as_os_str() == "-" {
         let mut buf = Vec::new();
-        std::io::stdin().lock().read_to_end(&mut buf).map_err(io_err)?;
+        std::io::stdin()
+            .lock()
+            .read_to_end(&mut buf)
+            .map_err(io_err)?;
         InputBytes::Owned(buf)
     } else {
         let file = std::fs::File::open(path).map_err(io_err)?;
@@ -194,7 +197,15 @@ fn looks_like_snapshot_name(path: &Path) -> bool {
         .file_name()
         .map(|n| n.to_string_lossy().to_lowercase())
         .unwrap_or_default();
-    [".pickle", ".pkl", ".pickle.gz", ".pickle.zst", ".pkl.gz", ".pkl.zst", ".json"]
-        .iter()
-        .any(|ext| name.ends_with(ext))
+    [
+        ".pickle",
+        ".pkl",
+        ".pickle.gz",
+        ".pickle.zst",
+        ".pkl.gz",
+        ".pkl.zst",
+        ".json",
+    ]
+    .iter()
+    .any(|ext| name.ends_with(ext))
 }

@@ -5,11 +5,11 @@
 //! [`render`] (text, Markdown, JSON).
 
 pub mod analysis;
+pub mod cli;
+pub mod explain;
 pub mod input;
 pub mod pickle;
 pub mod render;
 pub mod report;
 pub mod snapshot;
 pub mod units;
-pub mod cli;
-pub mod explain;

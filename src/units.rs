@@ -40,7 +40,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "mib" => 1024.0 * 1024.0,
         "gib" => 1024.0 * 1024.0 * 1024.0,
         "tib" => 1024.0f64.powi(4),
-        other => return Err(format!("unknown size unit `{other}` in `{text}` (use B, KB, MB, GB, KiB, MiB, GiB, TiB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{text}` (use B, KB, MB, GB, KiB, MiB, GiB, TiB)"
+            ))
+        }
     };
     let bytes = number * factor;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {

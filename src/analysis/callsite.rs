@@ -118,6 +118,31 @@ pub fn stack_lines(interner: &Interner, stack: StackId) -> Vec<String> {
     lines
 }
 
+/// Call sites computed once per distinct stack (a live set has thousands of allocations but
+/// few distinct stacks).
+pub struct CallSites<'a> {
+    interner: &'a Interner,
+    cache: std::cell::RefCell<rustc_hash::FxHashMap<StackId, Option<std::rc::Rc<str>>>>,
+}
+
+impl<'a> CallSites<'a> {
+    pub fn new(interner: &'a Interner) -> Self {
+        CallSites {
+            interner,
+            cache: Default::default(),
+        }
+    }
+
+    pub fn of(&self, stack: StackId) -> Option<std::rc::Rc<str>> {
+        if let Some(hit) = self.cache.borrow().get(&stack) {
+            return hit.clone();
+        }
+        let site: Option<std::rc::Rc<str>> = call_site(self.interner, stack).map(Into::into);
+        self.cache.borrow_mut().insert(stack, site.clone());
+        site
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,35 +169,18 @@ mod tests {
             i.frame(f)
         };
         let a = mk(&mut i, "torch::unwind::unwind()", "??", 0);
-        let b = mk(&mut i, "forward", "/x/site-packages/torch/nn/modules/linear.py", 125);
+        let b = mk(
+            &mut i,
+            "forward",
+            "/x/site-packages/torch/nn/modules/linear.py",
+            125,
+        );
         let c = mk(&mut i, "step", "/home/me/train.py", 42);
         let s = i.stack(vec![a, b, c]);
-        assert_eq!(call_site(&i, s).as_deref(), Some("/home/me/train.py:42:step"));
+        assert_eq!(
+            call_site(&i, s).as_deref(),
+            Some("/home/me/train.py:42:step")
+        );
         assert_eq!(call_site(&i, StackId::EMPTY), None);
-    }
-}
-
-/// Call sites computed once per distinct stack (a live set has thousands of allocations but
-/// few distinct stacks).
-pub struct CallSites<'a> {
-    interner: &'a Interner,
-    cache: std::cell::RefCell<rustc_hash::FxHashMap<StackId, Option<std::rc::Rc<str>>>>,
-}
-
-impl<'a> CallSites<'a> {
-    pub fn new(interner: &'a Interner) -> Self {
-        CallSites {
-            interner,
-            cache: Default::default(),
-        }
-    }
-
-    pub fn of(&self, stack: StackId) -> Option<std::rc::Rc<str>> {
-        if let Some(hit) = self.cache.borrow().get(&stack) {
-            return hit.clone();
-        }
-        let site: Option<std::rc::Rc<str>> = call_site(self.interner, stack).map(Into::into);
-        self.cache.borrow_mut().insert(stack, site.clone());
-        site
     }
 }

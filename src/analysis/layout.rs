@@ -69,12 +69,14 @@ fn guess_kind(size: u64) -> PoolKind {
 
 /// True when nothing after `event` changes blocks or segments, so the dump is that moment.
 fn dump_is_moment(snapshot: &Snapshot, device: i64, event: u32) -> bool {
-    snapshot.trace(device)[event as usize + 1..].iter().all(|e| {
-        matches!(
-            e.action,
-            Action::Oom | Action::Snapshot | Action::Annotate | Action::Other
-        )
-    })
+    snapshot.trace(device)[event as usize + 1..]
+        .iter()
+        .all(|e| {
+            matches!(
+                e.action,
+                Action::Oom | Action::Snapshot | Action::Annotate | Action::Other
+            )
+        })
 }
 
 fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
@@ -215,16 +217,15 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
             Action::SegmentUnmap => {
                 let mut start = e.addr;
                 let mut end = e.addr.saturating_add(e.size);
-                let template = segs
-                    .range(..=e.addr)
-                    .next_back()
-                    .map(|(_, s)| s.clone());
+                let template = segs.range(..=e.addr).next_back().map(|(_, s)| s.clone());
                 // Merge with touching expandable runs of the same stream.
                 if let Some(prev) = segs
                     .range(..e.addr)
                     .next_back()
                     .map(|(_, s)| s.clone())
-                    .filter(|p| p.address + p.size == e.addr && p.expandable && p.stream == e.stream)
+                    .filter(|p| {
+                        p.address + p.size == e.addr && p.expandable && p.stream == e.stream
+                    })
                 {
                     segs.remove(&prev.address);
                     start = prev.address;
@@ -281,7 +282,9 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
     for a in replay.live_after(event) {
         if let Some((&start, s)) = segs.range(..=a.address).next_back() {
             if a.address < s.address + s.size {
-                let pending = a.free_requested_event.is_some_and(|f| event.is_some_and(|e| f <= e));
+                let pending = a
+                    .free_requested_event
+                    .is_some_and(|f| event.is_some_and(|e| f <= e));
                 per_segment.entry(start).or_default().push((
                     a.address,
                     a.block_bytes,

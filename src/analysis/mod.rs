@@ -1,7 +1,7 @@
 //! Figures computed from the typed model.
 
-pub mod stats;
 pub mod callsite;
 pub mod layout;
 pub mod replay;
 pub mod report;
+pub mod stats;

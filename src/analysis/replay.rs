@@ -137,6 +137,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let mut requested_start: i64 = 0;
     let mut allocated_start: i64 = 0;
     let mut known_segments: rustc_hash::FxHashSet<u64> = Default::default();
+    let mut unmatched_requests: FxHashMap<u64, u32> = FxHashMap::default();
 
     let close = |alloc: &mut Allocation, event: usize, rd: &mut [i64], ad: &mut [i64]| {
         alloc.free_event = Some(event as u32);
@@ -149,7 +150,12 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             Action::Alloc => {
                 if let Some(old) = open.remove(&e.addr) {
                     window.lost_frees += 1;
-                    close(&mut allocations[old], i, &mut requested_delta, &mut allocated_delta);
+                    close(
+                        &mut allocations[old],
+                        i,
+                        &mut requested_delta,
+                        &mut allocated_delta,
+                    );
                 }
                 let block = round_size(e.size);
                 requested_delta[i] += e.size as i64;
@@ -168,38 +174,49 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     origin: Origin::Traced,
                 });
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                let idx = match open.get(&e.addr) {
-                    Some(&idx) => idx,
-                    None => {
-                        // Allocated before the window: alive from the start until this free.
-                        window.unmatched_frees += 1;
-                        let block = round_size(e.size);
-                        requested_start += e.size as i64;
-                        allocated_start += block as i64;
-                        open.insert(e.addr, allocations.len());
-                        allocations.push(Allocation {
-                            address: e.addr,
-                            requested_bytes: e.size,
-                            block_bytes: block,
-                            block_bytes_exact: false,
-                            alloc_event: None,
-                            free_requested_event: None,
-                            free_event: None,
-                            stack: e.frames,
-                            stream: e.stream,
-                            origin: Origin::FreedInWindow,
-                        });
-                        allocations.len() - 1
-                    }
-                };
-                if e.action == Action::FreeRequested {
-                    allocations[idx].free_requested_event.get_or_insert(i as u32);
-                } else {
-                    open.remove(&e.addr);
-                    close(&mut allocations[idx], i, &mut requested_delta, &mut allocated_delta);
+            Action::FreeRequested => match open.get(&e.addr) {
+                Some(&idx) => {
+                    allocations[idx]
+                        .free_requested_event
+                        .get_or_insert(i as u32);
                 }
-            }
+                // Allocated before the window; counted once its free completes (as MemoryViz
+                // does: a lone free_requested is not an allocation event).
+                None => {
+                    unmatched_requests.entry(e.addr).or_insert(i as u32);
+                }
+            },
+            Action::FreeCompleted => match open.remove(&e.addr) {
+                Some(idx) => {
+                    close(
+                        &mut allocations[idx],
+                        i,
+                        &mut requested_delta,
+                        &mut allocated_delta,
+                    );
+                }
+                None => {
+                    // Allocated before the window: alive from the start until this free.
+                    window.unmatched_frees += 1;
+                    let block = round_size(e.size);
+                    requested_start += e.size as i64;
+                    allocated_start += block as i64;
+                    let mut a = Allocation {
+                        address: e.addr,
+                        requested_bytes: e.size,
+                        block_bytes: block,
+                        block_bytes_exact: false,
+                        alloc_event: None,
+                        free_requested_event: unmatched_requests.remove(&e.addr),
+                        free_event: None,
+                        stack: e.frames,
+                        stream: e.stream,
+                        origin: Origin::FreedInWindow,
+                    };
+                    close(&mut a, i, &mut requested_delta, &mut allocated_delta);
+                    allocations.push(a);
+                }
+            },
             Action::SegmentAlloc | Action::SegmentMap => {
                 reserved_delta[i] += e.size as i64;
                 known_segments.insert(e.addr);

@@ -104,7 +104,11 @@ fn by_call_site<'a>(
             stack: stack_lines(&snapshot.interner, stack),
         })
         .collect();
-    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.call_site.cmp(&b.call_site)));
+    out.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then_with(|| a.call_site.cmp(&b.call_site))
+    });
     out
 }
 
@@ -136,7 +140,11 @@ fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentatio
     let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
     let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
     let free: u64 = layout.iter().map(|s| s.free_bytes).sum();
-    let largest_hole = layout.iter().map(|s| s.largest_hole_bytes).max().unwrap_or(0);
+    let largest_hole = layout
+        .iter()
+        .map(|s| s.largest_hole_bytes)
+        .max()
+        .unwrap_or(0);
     let unusable: u64 = layout
         .iter()
         .flat_map(|s| s.blocks.iter())
@@ -169,7 +177,12 @@ fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u
         return (None, curve.start);
     };
     let before = &curve.after[..p as usize];
-    let floor = before.iter().copied().chain([curve.start]).min().unwrap_or(curve.start);
+    let floor = before
+        .iter()
+        .copied()
+        .chain([curve.start])
+        .min()
+        .unwrap_or(curve.start);
     let peak = curve.at(Some(p));
     let half = floor + (peak - floor) / 2;
     let mut in_valley = false;
@@ -191,11 +204,7 @@ fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u
     }
 }
 
-fn oom_report(
-    snapshot: &Snapshot,
-    replay: &DeviceReplay,
-    event: u32,
-) -> Oom {
+fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, event: u32) -> Oom {
     let entry = &snapshot.trace(replay.device)[event as usize];
     let layout = layout_at(snapshot, replay, Moment::After(event));
     let request = entry.size;
@@ -236,7 +245,12 @@ fn oom_report(
         stream: entry.stream,
         verdict: verdict.to_owned(),
         call_site: call_site(&snapshot.interner, entry.frames),
-        live_by_call_site: by_call_site(snapshot, &CallSites::new(&snapshot.interner), replay.live_after(Some(event)), live_total),
+        live_by_call_site: by_call_site(
+            snapshot,
+            &CallSites::new(&snapshot.interner),
+            replay.live_after(Some(event)),
+            live_total,
+        ),
         segments: layout.iter().map(segment_report).collect(),
     }
 }
@@ -248,7 +262,10 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
-    let time_at = |e: Option<u32>| e.and_then(|i| trace.get(i as usize)).and_then(|t| t.time_us);
+    let time_at = |e: Option<u32>| {
+        e.and_then(|i| trace.get(i as usize))
+            .and_then(|t| t.time_us)
+    };
 
     let mut live: Vec<&Allocation> = replay.live_after(peak_event).collect();
     live.sort_by(|a, b| {
@@ -382,7 +399,12 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             bytes: peak_reserved,
             event_index: peak_reserved_event,
         },
-        live_at_peak_by_call_site: by_call_site(snapshot, &sites, live.iter().copied(), peak_requested),
+        live_at_peak_by_call_site: by_call_site(
+            snapshot,
+            &sites,
+            live.iter().copied(),
+            peak_requested,
+        ),
         live_at_peak,
         held_open,
         oom,
@@ -432,7 +454,12 @@ pub fn rank_table(files: &[FileReport]) -> RankTable {
         .map(|f| RankRow {
             path: f.path.clone(),
             rank: rank_from_name(&f.path),
-            peak_requested_bytes: f.devices.iter().map(|d| d.peak.requested_bytes).max().unwrap_or(0),
+            peak_requested_bytes: f
+                .devices
+                .iter()
+                .map(|d| d.peak.requested_bytes)
+                .max()
+                .unwrap_or(0),
             reserved_bytes: f.devices.iter().map(|d| d.final_state.reserved_bytes).sum(),
             oom: f.devices.iter().any(|d| !d.oom.is_empty()),
             outlier: false,

@@ -35,24 +35,30 @@ pub fn final_state<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> Final
 fn device_stats(snapshot: &Snapshot, device: i64) -> DeviceStats {
     let segments: Vec<&Segment> = snapshot.segments_of(device).collect();
     let mut blocks_by_state: BTreeMap<String, u64> = BTreeMap::new();
-    let mut pools: BTreeMap<(Option<(i64, i64)>, &'static str), PoolStats> = BTreeMap::new();
+    // Keyed by (pool id, small/large) so the output order is stable.
+    type PoolKey = (Option<(i64, i64)>, &'static str);
+    let mut pools: BTreeMap<PoolKey, PoolStats> = BTreeMap::new();
     let mut streams: BTreeMap<u64, StreamStats> = BTreeMap::new();
     for seg in &segments {
         for b in &seg.blocks {
-            *blocks_by_state.entry(b.state.name().to_owned()).or_default() += 1;
+            *blocks_by_state
+                .entry(b.state.name().to_owned())
+                .or_default() += 1;
         }
         let kind = match seg.pool_kind {
             crate::snapshot::PoolKind::Small => "small",
             crate::snapshot::PoolKind::Large => "large",
             crate::snapshot::PoolKind::Unknown => "unknown",
         };
-        let pool = pools.entry((seg.pool_id, kind)).or_insert_with(|| PoolStats {
-            pool_id: seg.pool_id.map(|(a, b)| [a, b]),
-            segment_type: kind.to_owned(),
-            segments: 0,
-            reserved_bytes: 0,
-            allocated_bytes: 0,
-        });
+        let pool = pools
+            .entry((seg.pool_id, kind))
+            .or_insert_with(|| PoolStats {
+                pool_id: seg.pool_id.map(|(a, b)| [a, b]),
+                segment_type: kind.to_owned(),
+                segments: 0,
+                reserved_bytes: 0,
+                allocated_bytes: 0,
+            });
         pool.segments += 1;
         pool.reserved_bytes += seg.total_size;
         pool.allocated_bytes += seg.allocated_size;
@@ -105,10 +111,7 @@ pub fn file_stats(loaded: &LoadedSnapshot, device: Option<i64>) -> FileStats {
         layout: snapshot.layout,
         decoded_bytes: loaded.decoded_bytes,
         stacks_recorded: snapshot.has_stacks(),
-        allocator_settings: snapshot
-            .allocator_settings
-            .as_ref()
-            .map(|s| s.raw.clone()),
+        allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
         devices: devices.iter().map(|&d| device_stats(snapshot, d)).collect(),
         total,
     }

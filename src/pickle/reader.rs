@@ -532,10 +532,8 @@ impl<'a> Machine<'a> {
                     match target {
                         Value::Set(id) => self.doc.seqs[id.0 as usize].extend(items),
                         other => {
-                            return Err(self.err(format!(
-                                "ADDITEMS needs a set, found {}",
-                                other.type_name()
-                            )))
+                            return Err(self
+                                .err(format!("ADDITEMS needs a set, found {}", other.type_name())))
                         }
                     }
                 }

@@ -1,6 +1,10 @@
 //! Pure functions from output structs to bytes: text, Markdown, JSON.
 
+pub mod explain_text;
 pub mod stats_text;
+pub mod svg;
+pub mod svg_segments;
+pub mod svg_timeline;
 
 use serde::Serialize;
 

@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 
-use crate::report::{CallSiteBytes, DeviceReport, FileReport, LiveAllocation, Oom, Report};
+use crate::report::{
+    CallSiteBytes, DeviceReport, FileReport, LiveAllocation, Oom, Report, SegmentReport,
+};
 use crate::units::format_bytes;
 
 /// What the reader asked to see.
@@ -91,7 +93,10 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
             if s.stack.is_empty() {
                 continue;
             }
-            let mut lines = vec![format!("stack of the largest allocation from {}:", s.call_site)];
+            let mut lines = vec![format!(
+                "stack of the largest allocation from {}:",
+                s.call_site
+            )];
             lines.extend(s.stack.iter().map(|l| format!("    {l}")));
             blocks.push(Block::Lines(lines));
         }
@@ -102,7 +107,14 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
 fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) -> Block {
     Block::Table {
         title,
-        header: vec!["requested", "block", "born", "freed", "age (events)", "call site"],
+        header: vec![
+            "requested",
+            "block",
+            "born",
+            "freed",
+            "age (events)",
+            "call site",
+        ],
         right: vec![true, true, false, false, true, false],
         rows: allocations
             .iter()
@@ -113,7 +125,9 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
                     format_bytes(a.block_bytes),
                     born(a),
                     died(a),
-                    a.age_events.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+                    a.age_events
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "-".into()),
                     a.call_site.clone(),
                 ]
             })
@@ -162,9 +176,66 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
     s
 }
 
+fn segment_table(moment: &str, segments: &[SegmentReport], view: &View) -> Option<Block> {
+    let mut segs: Vec<&SegmentReport> = segments.iter().filter(|s| s.free_bytes > 0).collect();
+    if segs.is_empty() {
+        return None;
+    }
+    segs.sort_by(|a, b| {
+        b.free_bytes
+            .cmp(&a.free_bytes)
+            .then(a.address.cmp(&b.address))
+    });
+    Some(Block::Table {
+        title: format!(
+            "Segments with the most free space at {moment} (top {} of {} segments with holes)",
+            segs.len().min(view.top),
+            segs.len()
+        ),
+        header: vec![
+            "segment",
+            "size",
+            "allocated",
+            "free",
+            "holes",
+            "largest hole",
+            "pool",
+            "stream",
+        ],
+        right: vec![false, true, true, true, true, true, false, false],
+        rows: segs
+            .iter()
+            .take(view.top)
+            .map(|s| {
+                vec![
+                    format!("0x{:x}", s.address),
+                    format_bytes(s.total_bytes),
+                    format_bytes(s.allocated_bytes),
+                    format_bytes(s.free_bytes),
+                    s.holes.to_string(),
+                    format_bytes(s.largest_hole_bytes),
+                    format!(
+                        "{}{}{}",
+                        s.segment_type,
+                        match s.pool {
+                            Some([0, 0]) | None => String::new(),
+                            Some([a, b]) => format!(" ({a},{b})"),
+                        },
+                        if s.expandable { " expandable" } else { "" }
+                    ),
+                    s.stream.to_string(),
+                ]
+            })
+            .collect(),
+    })
+}
+
 fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Block> {
     let mut out = Vec::new();
-    out.push(Block::Heading(format!("{} — device {}", file.path, dev.device)));
+    out.push(Block::Heading(format!(
+        "{} — device {}",
+        file.path, dev.device
+    )));
 
     // 1. The verdict.
     if dev.oom.is_empty() {
@@ -192,19 +263,22 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     }
 
     // 2. Window and final state.
-    let mut window = format!(
-        "Trace: {} events",
-        dev.window.events
-    );
+    let mut window = format!("Trace: {} events", dev.window.events);
     if let Some(d) = dev.window.duration_s {
         let _ = write!(window, " over {d:.3} s");
     }
+    if dev.window.allocations_before_window == 0 {
+        window.push_str("; no allocation predates the window");
+    } else {
+        let _ = write!(
+            window,
+            "; {} allocations predate the window ({} of them have no event at all: still allocated at the dump)",
+            dev.window.allocations_before_window, dev.window.ghost_blocks
+        );
+    }
     let _ = write!(
         window,
-        "; {} allocations were made before the window ({} still allocated at the dump without any event). \
-         Reserved: peak {}, at the dump {}; allocated at the dump {} ({} requested).",
-        dev.window.allocations_before_window,
-        dev.window.ghost_blocks,
+        ". Reserved: peak {}, at the dump {}; allocated at the dump {} ({} requested).",
         bytes(dev.peak_reserved.bytes),
         format_bytes(dev.final_state.reserved_bytes),
         format_bytes(dev.final_state.allocated_bytes),
@@ -262,42 +336,14 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         e.holes,
         format_bytes(e.largest_hole_bytes),
     )));
-    let mut segs: Vec<_> = dev.segments.iter().filter(|s| s.free_bytes > 0).collect();
-    segs.sort_by(|a, b| b.free_bytes.cmp(&a.free_bytes).then(a.address.cmp(&b.address)));
-    if !segs.is_empty() {
-        out.push(Block::Table {
-            title: format!(
-                "Segments with the most free space at the peak ({} of {} segments have holes)",
-                segs.len().min(view.top),
-                segs.len()
-            ),
-            header: vec!["segment", "size", "allocated", "free", "holes", "largest hole", "pool", "stream"],
-            right: vec![false, true, true, true, true, true, false, false],
-            rows: segs
-                .iter()
-                .take(view.top)
-                .map(|s| {
-                    vec![
-                        format!("0x{:x}", s.address),
-                        format_bytes(s.total_bytes),
-                        format_bytes(s.allocated_bytes),
-                        format_bytes(s.free_bytes),
-                        s.holes.to_string(),
-                        format_bytes(s.largest_hole_bytes),
-                        format!(
-                            "{}{}{}",
-                            s.segment_type,
-                            match s.pool {
-                                Some([0, 0]) | None => String::new(),
-                                Some([a, b]) => format!(" ({a},{b})"),
-                            },
-                            if s.expandable { " expandable" } else { "" }
-                        ),
-                        s.stream.to_string(),
-                    ]
-                })
-                .collect(),
-        });
+    // The layout that matters most: at the (first) OOM when there is one, else at the peak.
+    match dev.oom.first() {
+        Some(o) => out.extend(segment_table(
+            &format!("the OOM (event {})", o.event_index),
+            &o.segments,
+            view,
+        )),
+        None => out.extend(segment_table("the peak", &dev.segments, view)),
     }
 
     // 6. Live set at each OOM.
@@ -349,7 +395,9 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
     for file in &report.files {
         if file.devices.is_empty() {
             blocks.push(Block::Heading(file.path.clone()));
-            blocks.push(Block::Para("No segments and no trace: nothing to report.".into()));
+            blocks.push(Block::Para(
+                "No segments and no trace: nothing to report.".into(),
+            ));
         }
         for dev in &file.devices {
             blocks.extend(device_blocks(file, dev, view));
@@ -437,7 +485,11 @@ pub fn text(report: &Report, view: &View) -> String {
                     }
                     line
                 };
-                let _ = writeln!(out, "{}", fmt_row(header.iter().map(|h| h.to_string()).collect()));
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    fmt_row(header.iter().map(|h| h.to_string()).collect())
+                );
                 for r in rows {
                     let _ = writeln!(out, "{}", fmt_row(r));
                 }
@@ -480,16 +532,23 @@ pub fn markdown(report: &Report, view: &View) -> String {
                     continue;
                 }
                 let _ = writeln!(out, "| {} |", header.join(" | "));
-                let aligns: Vec<&str> = right.iter().map(|r| if *r { "---:" } else { "---" }).collect();
+                let aligns: Vec<&str> = right
+                    .iter()
+                    .map(|r| if *r { "---:" } else { "---" })
+                    .collect();
                 let _ = writeln!(out, "| {} |", aligns.join(" | "));
                 for r in rows {
-                    let cells: Vec<String> = r.iter().enumerate().map(|(i, c)| {
-                        if header[i] == "call site" || header[i] == "file" {
-                            format!("`{}`", md_cell(c))
-                        } else {
-                            md_cell(c)
-                        }
-                    }).collect();
+                    let cells: Vec<String> = r
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            if header[i] == "call site" || header[i] == "file" {
+                                format!("`{}`", md_cell(c))
+                            } else {
+                                md_cell(c)
+                            }
+                        })
+                        .collect();
                     let _ = writeln!(out, "| {} |", cells.join(" | "));
                 }
                 out.push('\n');
@@ -497,4 +556,49 @@ pub fn markdown(report: &Report, view: &View) -> String {
         }
     }
     out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pictures (`report --svg DIR`): links to the SVG files, shown at the top of the Markdown report.
+// Kept separate from the blocks above; written by the pictures work (render/svg_*.rs).
+
+/// The pictures written for one input file, as links relative to the report.
+#[derive(Clone, Debug)]
+pub struct PictureLinks {
+    pub file: String,
+    pub timeline: String,
+    pub segments: String,
+}
+
+/// [`markdown`] with a "Pictures" section right under the title.
+pub fn markdown_with_pictures(report: &Report, view: &View, pictures: &[PictureLinks]) -> String {
+    let body = markdown(report, view);
+    if pictures.is_empty() {
+        return body;
+    }
+    let mut section = String::from("## Pictures\n\n");
+    for p in pictures {
+        if pictures.len() > 1 {
+            let _ = writeln!(section, "**`{}`**\n", md_cell(&p.file));
+        }
+        let _ = writeln!(
+            section,
+            "[![memory timeline]({t})]({t})\n\n[![segments]({s})]({s})\n",
+            t = md_link(&p.timeline),
+            s = md_link(&p.segments)
+        );
+    }
+    match body.split_once("\n\n") {
+        Some((title, rest)) => format!("{title}\n\n{section}{rest}"),
+        None => format!("{body}\n{section}"),
+    }
+}
+
+/// A link target safe in Markdown: spaces and parentheses escaped.
+fn md_link(target: &str) -> String {
+    target
+        .replace('%', "%25")
+        .replace(' ', "%20")
+        .replace('(', "%28")
+        .replace(')', "%29")
 }

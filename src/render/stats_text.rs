@@ -8,16 +8,42 @@ use crate::units::format_bytes;
 fn final_lines(out: &mut String, f: &FinalState, indent: &str) {
     let free = f.free_internal_bytes + f.free_external_bytes;
     let internal_pct = if free > 0 {
-        format!(" ({:.1}% internal)", 100.0 * f.free_internal_bytes as f64 / free as f64)
+        format!(
+            " ({:.1}% internal)",
+            100.0 * f.free_internal_bytes as f64 / free as f64
+        )
     } else {
         String::new()
     };
     let _ = writeln!(out, "{indent}segments            {}", f.segments);
-    let _ = writeln!(out, "{indent}reserved            {:>10}  ({} bytes)", format_bytes(f.reserved_bytes), f.reserved_bytes);
-    let _ = writeln!(out, "{indent}allocated           {:>10}  requested by tensors ({} bytes); {} in blocks", format_bytes(f.requested_bytes), f.requested_bytes, format_bytes(f.allocated_bytes));
-    let _ = writeln!(out, "{indent}free                {:>10}{internal_pct}", format_bytes(free));
-    let _ = writeln!(out, "{indent}  internal          {:>10}  rounding inside allocated blocks", format_bytes(f.free_internal_bytes));
-    let _ = writeln!(out, "{indent}  external          {:>10}  cached blocks not allocated (pending frees included)", format_bytes(f.free_external_bytes));
+    let _ = writeln!(
+        out,
+        "{indent}reserved            {:>10}  ({} bytes)",
+        format_bytes(f.reserved_bytes),
+        f.reserved_bytes
+    );
+    let _ = writeln!(
+        out,
+        "{indent}allocated           {:>10}  requested by tensors ({} bytes); {} in blocks",
+        format_bytes(f.requested_bytes),
+        f.requested_bytes,
+        format_bytes(f.allocated_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{indent}free                {:>10}{internal_pct}",
+        format_bytes(free)
+    );
+    let _ = writeln!(
+        out,
+        "{indent}  internal          {:>10}  rounding inside allocated blocks",
+        format_bytes(f.free_internal_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "{indent}  external          {:>10}  cached blocks not allocated (pending frees included)",
+        format_bytes(f.free_external_bytes)
+    );
 }
 
 fn file_text(out: &mut String, file: &FileStats) {
@@ -31,7 +57,11 @@ fn file_text(out: &mut String, file: &FileStats) {
             crate::input::Compression::Zstd => "zstd",
         },
         format_bytes(file.decoded_bytes),
-        if file.stacks_recorded { "recorded" } else { "not recorded" },
+        if file.stacks_recorded {
+            "recorded"
+        } else {
+            "not recorded"
+        },
     );
     for dev in &file.devices {
         let _ = writeln!(out, "device {}", dev.device);
@@ -57,8 +87,17 @@ fn file_text(out: &mut String, file: &FileStats) {
             );
         }
         for s in &dev.streams {
-            let name = if s.stream == 0 { "0 (default)".to_owned() } else { format!("0x{:x}", s.stream) };
-            let _ = writeln!(out, "  stream {name:<14} {} segments, {} reserved", s.segments, format_bytes(s.reserved_bytes));
+            let name = if s.stream == 0 {
+                "0 (default)".to_owned()
+            } else {
+                format!("0x{:x}", s.stream)
+            };
+            let _ = writeln!(
+                out,
+                "  stream {name:<14} {} segments, {} reserved",
+                s.segments,
+                format_bytes(s.reserved_bytes)
+            );
         }
         let _ = writeln!(out, "  expandable segments {}", dev.expandable_segments);
         let actions: Vec<String> = dev
@@ -67,9 +106,17 @@ fn file_text(out: &mut String, file: &FileStats) {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         if dev.trace_entries == 0 {
-            let _ = writeln!(out, "  trace entries       0 (memory history was not recorded for this device)");
+            let _ = writeln!(
+                out,
+                "  trace entries       0 (memory history was not recorded for this device)"
+            );
         } else {
-            let _ = writeln!(out, "  trace entries       {} ({})", dev.trace_entries, actions.join(", "));
+            let _ = writeln!(
+                out,
+                "  trace entries       {} ({})",
+                dev.trace_entries,
+                actions.join(", ")
+            );
         }
     }
     if file.devices.len() > 1 {

@@ -9,7 +9,7 @@ use std::fmt::Write;
 
 use crate::analysis::callsite::{call_site, stack_lines};
 use crate::analysis::replay::{Allocation, Origin};
-use crate::snapshot::{Interner, StackId};
+use crate::snapshot::{Interner, Snapshot, StackId};
 use crate::units::format_bytes;
 
 /// Width of the picture in user units (the viewBox); it scales to 100% of its container.
@@ -26,11 +26,11 @@ pub const PLOT_W: f64 = WIDTH - LEFT - RIGHT;
 pub const SANS: &str = "Helvetica, Arial, 'DejaVu Sans', 'Liberation Sans', sans-serif";
 pub const MONO: &str = "'DejaVu Sans Mono', Menlo, Consolas, 'Liberation Mono', monospace";
 
-/// Colours of call sites: Tableau 20 without its reds (kept for OOM and rounding waste) and
-/// greys (kept for the summarized band and merged shapes).
+/// Colours of call sites: distinct hues from the Tableau palettes, without reds (kept for OOM
+/// and rounding waste) and greys (kept for the summarized band and merged shapes).
 pub const PALETTE: [&str; 16] = [
-    "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#9c755f", "#d37295",
-    "#a0cbe8", "#ffbe7d", "#8cd17d", "#d4a6c8", "#f1ce63", "#86bcb6", "#d7b5a6", "#499894",
+    "#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#9c755f", "#ff9da7",
+    "#a0cbe8", "#ffbe7d", "#8cd17d", "#d4a6c8", "#17becf", "#bcbd22", "#393b79", "#e377c2",
 ];
 /// Summarized allocations, merged small shapes.
 pub const GREY: &str = "#bab0ac";
@@ -62,7 +62,11 @@ pub fn esc(text: &str) -> String {
 
 /// A coordinate with at most one decimal (`12`, `12.5`, `-3.1`); never `-0`, never NaN.
 pub fn num(v: f64) -> String {
-    let tenths = if v.is_finite() { (v * 10.0).round() } else { 0.0 };
+    let tenths = if v.is_finite() {
+        (v * 10.0).round()
+    } else {
+        0.0
+    };
     let tenths = tenths.clamp(-1e15, 1e15) as i64;
     let sign = if tenths < 0 { "-" } else { "" };
     let a = tenths.unsigned_abs();
@@ -136,11 +140,42 @@ pub fn origin_label(a: &Allocation) -> &'static str {
 /// Call sites and colours of allocations.
 pub struct Colours<'a> {
     pub interner: &'a Interner,
+    /// Colours given to the sites a legend shows, distinct from each other.
+    assigned: std::collections::BTreeMap<String, &'static str>,
 }
 
 impl<'a> Colours<'a> {
     pub fn new(interner: &'a Interner) -> Self {
-        Colours { interner }
+        Colours {
+            interner,
+            assigned: Default::default(),
+        }
+    }
+
+    /// Gives the legend's call sites (most important first) distinct colours: each starts at
+    /// its hashed colour and takes the next one not yet taken. Other sites keep their hashed
+    /// colour. Deterministic: depends only on the list.
+    pub fn assign_distinct(&mut self, sites: &[String]) {
+        for site in sites.iter().take(PALETTE.len()) {
+            if self.assigned.contains_key(site) {
+                continue;
+            }
+            let start = (fnv1a(site.as_bytes()) % PALETTE.len() as u64) as usize;
+            let free = (0..PALETTE.len())
+                .map(|k| PALETTE[(start + k) % PALETTE.len()])
+                .find(|c| !self.assigned.values().any(|t| t == c));
+            if let Some(c) = free {
+                self.assigned.insert(site.clone(), c);
+            }
+        }
+    }
+
+    /// The colour of a call site.
+    pub fn site_colour(&self, site: &str) -> &'static str {
+        self.assigned
+            .get(site)
+            .copied()
+            .unwrap_or_else(|| colour_of_text(site))
     }
 
     /// The call site of an allocation, if its stack was recorded.
@@ -155,7 +190,7 @@ impl<'a> Colours<'a> {
     /// activation / optimizer state): map the category to a colour here.
     pub fn colour_for(&self, a: &Allocation) -> &'static str {
         match self.site(a) {
-            Some(site) => colour_of_text(&site),
+            Some(site) => self.site_colour(&site),
             None => self.colour_for_stackless(a.address, a.alloc_event),
         }
     }
@@ -163,7 +198,7 @@ impl<'a> Colours<'a> {
     /// Colour of a block known only by its stack (a dump block with no allocation record).
     pub fn colour_for_stack(&self, stack: StackId, address: u64) -> &'static str {
         match call_site(self.interner, stack) {
-            Some(site) => colour_of_text(&site),
+            Some(site) => self.site_colour(&site),
             None => self.colour_for_stackless(address, None),
         }
     }
@@ -172,6 +207,30 @@ impl<'a> Colours<'a> {
         let mut key = address.to_le_bytes().to_vec();
         key.extend_from_slice(&born.map_or(u64::MAX, u64::from).to_le_bytes());
         PALETTE[(fnv1a(&key) % PALETTE.len() as u64) as usize]
+    }
+}
+
+/// The devices a picture shows: those with segments or trace entries, or only `want`.
+pub fn devices(snapshot: &Snapshot, want: Option<i64>) -> anyhow::Result<Vec<i64>> {
+    let all: Vec<i64> = snapshot
+        .devices()
+        .into_iter()
+        .filter(|&d| !snapshot.trace(d).is_empty() || snapshot.segments_of(d).next().is_some())
+        .collect();
+    match want {
+        None => Ok(all),
+        Some(d) if all.contains(&d) => Ok(vec![d]),
+        Some(d) => {
+            let list: Vec<String> = all.iter().map(|d| d.to_string()).collect();
+            anyhow::bail!(
+                "device {d} has no segments and no trace entries in this snapshot (devices: {})",
+                if list.is_empty() {
+                    "none".to_owned()
+                } else {
+                    list.join(", ")
+                }
+            )
+        }
     }
 }
 
@@ -304,6 +363,11 @@ fn trim_zero(s: String) -> String {
 
 /// Hatch pattern for free memory (holes).
 pub const HATCH_ID: &str = "snapscan-hatch";
+/// Stripes of several palette colours: the legend swatch of "colour by address".
+pub const MIXED_ID: &str = "snapscan-mixed";
+pub const MIXED_FILL: &str = "url(#snapscan-mixed)";
+/// Legend text of allocations without a recorded stack.
+pub const NO_STACK: &str = "<no stack recorded: colours by address>";
 
 /// The outer document around panels of total height `height`.
 pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
@@ -322,7 +386,12 @@ pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
         out,
         "<defs><pattern id=\"{HATCH_ID}\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" \
          patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ffffff\"/>\
-         <rect width=\"2\" height=\"6\" fill=\"#b4b4b4\"/></pattern></defs>"
+         <rect width=\"2\" height=\"6\" fill=\"#b4b4b4\"/></pattern>\
+         <pattern id=\"{MIXED_ID}\" width=\"12\" height=\"12\" patternUnits=\"userSpaceOnUse\">\
+         <rect width=\"3\" height=\"12\" fill=\"{}\"/><rect x=\"3\" width=\"3\" height=\"12\" fill=\"{}\"/>\
+         <rect x=\"6\" width=\"3\" height=\"12\" fill=\"{}\"/><rect x=\"9\" width=\"3\" height=\"12\" fill=\"{}\"/>\
+         </pattern></defs>",
+        PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
     );
     let _ = writeln!(
         out,
@@ -346,7 +415,11 @@ pub fn text(out: &mut String, x: f64, y: f64, size: u32, attrs: &str, content: &
     );
 }
 
-/// A legend entry: swatch (`fill` or a pattern URL) and label. Returns the entry's width.
+/// Font size of legend entries, and the width of one monospace character at that size.
+pub const LEGEND_FONT: u32 = 13;
+pub const LEGEND_CHAR_W: f64 = 7.9;
+
+/// A legend entry: swatch (`fill` or a pattern URL) and label.
 pub fn legend_swatch(out: &mut String, x: f64, y: f64, fill: &str, label: &str, mono: bool) {
     let _ = writeln!(
         out,
@@ -360,7 +433,7 @@ pub fn legend_swatch(out: &mut String, x: f64, y: f64, fill: &str, label: &str, 
     } else {
         String::new()
     };
-    text(out, x + 20.0, y, 12, &attrs, label);
+    text(out, x + 20.0, y, LEGEND_FONT, &attrs, label);
 }
 
 /// Safe file-name stems for the pictures of several input files: `timeline-<stem>.svg`.
@@ -442,7 +515,10 @@ mod tests {
     #[test]
     fn collinear_points_merge() {
         let mut s = String::new();
-        points(&mut s, &[(0, 0), (10, 0), (20, 0), (20, 10), (20, 20), (20, 20)]);
+        points(
+            &mut s,
+            &[(0, 0), (10, 0), (20, 0), (20, 10), (20, 20), (20, 20)],
+        );
         assert_eq!(s, "0,0 2,0 2,2");
     }
 
@@ -457,8 +533,23 @@ mod tests {
     }
 
     #[test]
+    fn legend_colours_are_distinct() {
+        let interner = Interner::default();
+        let mut c = Colours::new(&interner);
+        let sites: Vec<String> = (0..20).map(|i| format!("model.py:{i}:forward")).collect();
+        c.assign_distinct(&sites);
+        let mut used: Vec<&str> = sites.iter().take(16).map(|s| c.site_colour(s)).collect();
+        used.sort_unstable();
+        used.dedup();
+        assert_eq!(used.len(), 16);
+    }
+
+    #[test]
     fn colours_are_stable() {
-        assert_eq!(colour_of_text("train.py:42:step"), colour_of_text("train.py:42:step"));
+        assert_eq!(
+            colour_of_text("train.py:42:step"),
+            colour_of_text("train.py:42:step")
+        );
         assert!(PALETTE.contains(&colour_of_text("x")));
     }
 }

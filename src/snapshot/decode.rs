@@ -133,14 +133,21 @@ impl<'d> Decoder<'d> {
 
     fn int(&self, v: Value, path: &dyn Fn() -> String) -> Result<i128, SchemaError> {
         match v {
-            Value::Int(_) | Value::BigInt(_) => self.doc.as_int(v).ok_or_else(|| expected(path(), "int", v)),
+            Value::Int(_) | Value::BigInt(_) => {
+                self.doc.as_int(v).ok_or_else(|| expected(path(), "int", v))
+            }
             other => Err(expected(path(), "int", other)),
         }
     }
 
     fn u64_value(&self, v: Value, path: &dyn Fn() -> String) -> Result<u64, SchemaError> {
         let i = self.int(v, path)?;
-        u64::try_from(i).map_err(|_| schema(path(), format!("expected a non-negative int below 2^64, found {i}")))
+        u64::try_from(i).map_err(|_| {
+            schema(
+                path(),
+                format!("expected a non-negative int below 2^64, found {i}"),
+            )
+        })
     }
 
     fn i64_value(&self, v: Value, path: &dyn Fn() -> String) -> Result<i64, SchemaError> {
@@ -172,7 +179,9 @@ impl<'d> Decoder<'d> {
     ) -> Result<Option<u64>, SchemaError> {
         match self.get(dict, key) {
             None | Some(Value::None) => Ok(None),
-            Some(v) => self.u64_value(v, &|| format!("{}.{name}", path())).map(Some),
+            Some(v) => self
+                .u64_value(v, &|| format!("{}.{name}", path()))
+                .map(Some),
         }
     }
 
@@ -228,7 +237,11 @@ impl<'d> Decoder<'d> {
     }
 
     /// A `frames` value (list of frame dicts), decoded once per shared list object.
-    fn stack(&mut self, v: Option<Value>, path: &dyn Fn() -> String) -> Result<StackId, SchemaError> {
+    fn stack(
+        &mut self,
+        v: Option<Value>,
+        path: &dyn Fn() -> String,
+    ) -> Result<StackId, SchemaError> {
         let v = match v {
             None | Some(Value::None) => return Ok(StackId::EMPTY),
             Some(v) => v,
@@ -278,7 +291,12 @@ impl<'d> Decoder<'d> {
                 let items = self.as_seq(v, &p)?;
                 match items {
                     [a, b] => Some((self.i64_value(*a, &p)?, self.i64_value(*b, &p)?)),
-                    _ => return Err(schema(p(), format!("expected a pair, found {} items", items.len()))),
+                    _ => {
+                        return Err(schema(
+                            p(),
+                            format!("expected a pair, found {} items", items.len()),
+                        ))
+                    }
                 }
             }
         };
@@ -299,11 +317,25 @@ impl<'d> Decoder<'d> {
         // Older files lack the segment-level sums; derive them from the blocks as PyTorch does.
         let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).sum::<u64>();
         let allocated_size = allocated_size.unwrap_or_else(|| {
-            sum(&|b| if b.state == BlockState::ActiveAllocated { b.size } else { 0 })
+            sum(&|b| {
+                if b.state == BlockState::ActiveAllocated {
+                    b.size
+                } else {
+                    0
+                }
+            })
         });
-        let active_size = active_size.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
-        let requested_size = requested_size
-            .unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.requested_size } else { 0 }));
+        let active_size =
+            active_size.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
+        let requested_size = requested_size.unwrap_or_else(|| {
+            sum(&|b| {
+                if b.state.is_active() {
+                    b.requested_size
+                } else {
+                    0
+                }
+            })
+        });
         Ok(Segment {
             device,
             address,
@@ -320,10 +352,17 @@ impl<'d> Decoder<'d> {
         })
     }
 
-    fn block(&mut self, v: Value, implied_address: u64, path: &dyn Fn() -> String) -> Result<Block, SchemaError> {
+    fn block(
+        &mut self,
+        v: Value,
+        implied_address: u64,
+        path: &dyn Fn() -> String,
+    ) -> Result<Block, SchemaError> {
         let k = self.keys;
         let dict = self.as_dict(v, path)?;
-        let address = self.opt_u64(dict, k.address, "address", path)?.unwrap_or(implied_address);
+        let address = self
+            .opt_u64(dict, k.address, "address", path)?
+            .unwrap_or(implied_address);
         let size = self.req_u64(dict, k.size, "size", path)?;
         let state = match self.get(dict, k.state) {
             Some(v) => match self.str_value(v, &|| format!("{}.state", path()))? {
@@ -339,8 +378,9 @@ impl<'d> Decoder<'d> {
         // PyTorch's tools (`_block_extra`): new layout → requested_size; legacy layout (no
         // `frames` key) → history[0].real_size, else requested_size, else size.
         let (requested_size, frames) = if frames_value.is_some() {
-            let req = raw_requested
-                .ok_or_else(|| schema(format!("{}.requested_size", path()), "missing required key"))?;
+            let req = raw_requested.ok_or_else(|| {
+                schema(format!("{}.requested_size", path()), "missing required key")
+            })?;
             (req, self.stack(frames_value, path)?)
         } else {
             match self.get(dict, k.history) {
@@ -370,7 +410,11 @@ impl<'d> Decoder<'d> {
         })
     }
 
-    fn trace_entry(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<TraceEntry, SchemaError> {
+    fn trace_entry(
+        &mut self,
+        v: Value,
+        path: &dyn Fn() -> String,
+    ) -> Result<TraceEntry, SchemaError> {
         let dict = self.as_dict(v, path)?;
         // One pass over the entry's items: trace entries are the bulk of a large file.
         let (mut action, mut addr, mut size, mut stream, mut device_free, mut time_us) =
@@ -400,19 +444,23 @@ impl<'d> Decoder<'d> {
                 compile_context = Some(*value);
             }
         }
-        let action_value = action.ok_or_else(|| schema(format!("{}.action", path()), "missing required key"))?;
+        let action_value =
+            action.ok_or_else(|| schema(format!("{}.action", path()), "missing required key"))?;
         let action_str = self.str_value(action_value, &|| format!("{}.action", path()))?;
         let action = Action::from_name(action_str);
         let action_text = match (action, action_value) {
             (Action::Other, Value::Str(id)) => Some(self.text(id)),
             _ => None,
         };
-        let field_u64 = |this: &Self, v: Option<Value>, name: &str| -> Result<Option<u64>, SchemaError> {
-            match v {
-                None | Some(Value::None) => Ok(None),
-                Some(v) => this.u64_value(v, &|| format!("{}.{name}", path())).map(Some),
-            }
-        };
+        let field_u64 =
+            |this: &Self, v: Option<Value>, name: &str| -> Result<Option<u64>, SchemaError> {
+                match v {
+                    None | Some(Value::None) => Ok(None),
+                    Some(v) => this
+                        .u64_value(v, &|| format!("{}.{name}", path()))
+                        .map(Some),
+                }
+            };
         let addr = field_u64(self, addr, "addr")?;
         let size = field_u64(self, size, "size")?;
         let stream = field_u64(self, stream, "stream")?.unwrap_or(0);
@@ -421,7 +469,8 @@ impl<'d> Decoder<'d> {
             None | Some(Value::None) => None,
             Some(v) => Some(self.i64_value(v, &|| format!("{}.time_us", path()))?),
         };
-        let size = size.ok_or_else(|| schema(format!("{}.size", path()), "missing required key"))?;
+        let size =
+            size.ok_or_else(|| schema(format!("{}.size", path()), "missing required key"))?;
         let addr = match (addr, action) {
             (Some(a), _) => a,
             (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
@@ -447,7 +496,12 @@ impl<'d> Decoder<'d> {
     fn settings(&mut self, v: Value) -> Result<AllocatorSettings, SchemaError> {
         let path = || "allocator_settings".to_owned();
         let dict = self.as_dict(v, &path)?;
-        let get = |name: &str| self.doc.strings.lookup(name).and_then(|k| self.doc.dict_get(dict, k));
+        let get = |name: &str| {
+            self.doc
+                .strings
+                .lookup(name)
+                .and_then(|k| self.doc.dict_get(dict, k))
+        };
         let conf = get("PYTORCH_CUDA_ALLOC_CONF")
             .and_then(|v| self.doc.as_str(v))
             .map(str::to_owned);
@@ -474,7 +528,11 @@ impl<'d> Decoder<'d> {
         })
     }
 
-    fn annotation(&mut self, v: Value, path: &dyn Fn() -> String) -> Result<Annotation, SchemaError> {
+    fn annotation(
+        &mut self,
+        v: Value,
+        path: &dyn Fn() -> String,
+    ) -> Result<Annotation, SchemaError> {
         let dict = self.as_dict(v, path)?;
         let text = |this: &Self, key: Option<StrId>| -> String {
             this.get(dict, key)
@@ -513,7 +571,14 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
     };
     let (layout, segments_value, traces_value, settings_value, annotations_value, other_keys) =
         match root {
-            Value::List(_) | Value::Tuple(_) => (Layout::SegmentList, Some(root), None, None, None, Vec::new()),
+            Value::List(_) | Value::Tuple(_) => (
+                Layout::SegmentList,
+                Some(root),
+                None,
+                None,
+                None,
+                Vec::new(),
+            ),
             Value::Dict(top) => {
                 let known = [
                     d.keys.segments,
@@ -525,7 +590,9 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
                     .dict(top)
                     .iter()
                     .filter_map(|(k, _)| match k {
-                        Value::Str(id) if !known.contains(&Some(*id)) => Some(doc.str(*id).to_owned()),
+                        Value::Str(id) if !known.contains(&Some(*id)) => {
+                            Some(doc.str(*id).to_owned())
+                        }
                         _ => None,
                     })
                     .collect();

@@ -30,8 +30,14 @@ fn from_ours(doc: &Document, v: Value) -> Canon {
         Value::Float(f) => Canon::Float(f.to_bits()),
         Value::Str(id) => Canon::Str(doc.str(id).to_owned()),
         Value::Bytes(i) => Canon::Bytes(doc.bytes[i as usize].to_vec()),
-        Value::List(id) => Canon::Seq("list", doc.seq(id).iter().map(|x| from_ours(doc, *x)).collect()),
-        Value::Tuple(id) => Canon::Seq("tuple", doc.seq(id).iter().map(|x| from_ours(doc, *x)).collect()),
+        Value::List(id) => Canon::Seq(
+            "list",
+            doc.seq(id).iter().map(|x| from_ours(doc, *x)).collect(),
+        ),
+        Value::Tuple(id) => Canon::Seq(
+            "tuple",
+            doc.seq(id).iter().map(|x| from_ours(doc, *x)).collect(),
+        ),
         Value::Set(id) | Value::FrozenSet(id) => {
             let mut items: Vec<Canon> = doc.seq(id).iter().map(|x| from_ours(doc, *x)).collect();
             items.sort_by_key(|c| format!("{c:?}"));
@@ -64,7 +70,10 @@ fn from_serde(v: serde_pickle::Value) -> Canon {
         S::List(items) => Canon::Seq("list", items.into_iter().map(from_serde).collect()),
         S::Tuple(items) => Canon::Seq("tuple", items.into_iter().map(from_serde).collect()),
         S::Set(items) | S::FrozenSet(items) => {
-            let mut items: Vec<Canon> = items.into_iter().map(|h| from_serde(h.into_value())).collect();
+            let mut items: Vec<Canon> = items
+                .into_iter()
+                .map(|h| from_serde(h.into_value()))
+                .collect();
             items.sort_by_key(|c| format!("{c:?}"));
             Canon::Seq("set", items)
         }
@@ -101,7 +110,10 @@ fn fixtures_decode_to_the_same_tree_as_serde_pickle_where_it_can() {
         compared += 1;
     }
     // The two legacy (torch 2.0) files and the stack-less graphs fixture have no shared dicts.
-    assert!(compared >= 3, "serde-pickle decoded only {compared} fixtures");
+    assert!(
+        compared >= 3,
+        "serde-pickle decoded only {compared} fixtures"
+    );
 }
 
 #[test]
@@ -117,7 +129,11 @@ fn small_pickles_decode_like_serde_pickle() {
         let ours = pickle::parse(data).unwrap_or_else(|e| panic!("case {i}: {e}"));
         let reference = serde_pickle::value_from_slice(data, serde_pickle::DeOptions::new())
             .unwrap_or_else(|e| panic!("serde-pickle case {i}: {e}"));
-        assert_eq!(from_ours(&ours, ours.root.unwrap()), from_serde(reference), "case {i}");
+        assert_eq!(
+            from_ours(&ours, ours.root.unwrap()),
+            from_serde(reference),
+            "case {i}"
+        );
     }
 }
 
@@ -143,7 +159,12 @@ fn every_fixture_decodes_to_the_same_tree_as_cpython() {
         let doc = pickle::parse(&data).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let text = serde_json::to_string(&doc.to_json(doc.root.unwrap(), 64).unwrap()).unwrap();
         let want = &expected[common::rel(&path)];
-        assert_eq!(text.len() as u64, want["bytes"].as_u64().unwrap(), "{}", path.display());
+        assert_eq!(
+            text.len() as u64,
+            want["bytes"].as_u64().unwrap(),
+            "{}",
+            path.display()
+        );
         assert_eq!(
             format!("{:016x}", fnv1a64(text.as_bytes())),
             want["fnv1a64"].as_str().unwrap(),
@@ -156,14 +177,27 @@ fn every_fixture_decodes_to_the_same_tree_as_cpython() {
 #[test]
 fn memoized_values_are_shared_not_copied() {
     // A frames list referenced by many entries must exist once in the arena.
-    let data = read_fixture(&common::fixture("real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle"));
+    let data = read_fixture(&common::fixture(
+        "real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle",
+    ));
     let doc = pickle::parse(&data).unwrap();
-    let memo_gets = data.windows(1).filter(|w| w[0] == b'j' || w[0] == b'h').count();
+    let memo_gets = data
+        .windows(1)
+        .filter(|w| w[0] == b'j' || w[0] == b'h')
+        .count();
     // 22k trace entries each hold a frames list; far fewer containers than references exist.
-    assert!(doc.seqs.len() + doc.dicts.len() < memo_gets, "containers: {}", doc.seqs.len() + doc.dicts.len());
+    assert!(
+        doc.seqs.len() + doc.dicts.len() < memo_gets,
+        "containers: {}",
+        doc.seqs.len() + doc.dicts.len()
+    );
     let snap = snapscan::snapshot::decode(&doc).unwrap();
     let entries: usize = snap.device_traces.iter().map(|t| t.len()).sum();
-    assert!(snap.interner.stack_count() < entries / 2, "stacks {} entries {entries}", snap.interner.stack_count());
+    assert!(
+        snap.interner.stack_count() < entries / 2,
+        "stacks {} entries {entries}",
+        snap.interner.stack_count()
+    );
 }
 
 /// A pickle that calls `os.system("echo pwned > FILE")` when loaded by Python's pickle.
@@ -200,7 +234,11 @@ fn code_executing_pickles_are_refused() {
     // Protocol 0 GLOBAL form.
     let legacy = b"cos\nsystem\n(S'echo pwned'\ntR.";
     let err = pickle::parse(legacy).unwrap_err();
-    assert!(err.to_string().starts_with("refusing opcode GLOBAL at byte 0"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("refusing opcode GLOBAL at byte 0"),
+        "{err}"
+    );
     // Through the CLI: exit 2, a message naming the opcode, and nothing ran.
     let file = dir.join("evil.pickle");
     std::fs::write(&file, &data).unwrap();
@@ -208,7 +246,9 @@ fn code_executing_pickles_are_refused() {
         .args(["stats", file.to_str().unwrap()])
         .assert()
         .code(2)
-        .stderr(predicates::str::contains("refusing opcode STACK_GLOBAL at byte 14"));
+        .stderr(predicates::str::contains(
+            "refusing opcode STACK_GLOBAL at byte 14",
+        ));
     assert!(!marker.exists(), "the payload must never run");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -221,7 +261,11 @@ fn lengths_are_checked_before_allocating() {
     p.extend_from_slice(b"abc.");
     let err = pickle::parse(&p).unwrap_err();
     assert!(err.to_string().contains("at byte 2"), "{err}");
-    assert!(err.to_string().contains("length field says 9223372036854775808 bytes"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("length field says 9223372036854775808 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -258,12 +302,19 @@ fn json_input_gives_the_same_model_as_the_pickle() {
     let from_pickle = snapscan::snapshot::load_bytes("p", &data).unwrap();
     let from_json = snapscan::snapshot::load_bytes("j", &json_bytes).unwrap();
     assert_eq!(from_pickle.segments.len(), from_json.segments.len());
-    assert_eq!(from_pickle.device_traces.len(), from_json.device_traces.len());
+    assert_eq!(
+        from_pickle.device_traces.len(),
+        from_json.device_traces.len()
+    );
     let stats = |s: &snapscan::snapshot::Snapshot| {
         snapscan::analysis::stats::final_state(s.segments.iter())
     };
     assert_eq!(stats(&from_pickle), stats(&from_json));
-    let peaks = |s: &snapscan::snapshot::Snapshot| snapscan::analysis::replay::replay_device(s, 0).requested.peak();
+    let peaks = |s: &snapscan::snapshot::Snapshot| {
+        snapscan::analysis::replay::replay_device(s, 0)
+            .requested
+            .peak()
+    };
     assert_eq!(peaks(&from_pickle), peaks(&from_json));
 }
 

@@ -1,8 +1,9 @@
 //! One integration-test binary; each module covers one capability.
 
 mod analysis;
+mod cli;
 mod common;
 mod decode;
-mod robustness;
 mod explain;
+mod robustness;
 mod svg;

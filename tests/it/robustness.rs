@@ -70,7 +70,9 @@ fn tiny_fixture_with_single_bytes_changed_never_panics() {
 #[test]
 fn truncation_error_names_the_offset_and_the_length() {
     let data = tiny();
-    let err = snapshot::load_bytes("tiny.pickle", &data[..1000]).unwrap_err().to_string();
+    let err = snapshot::load_bytes("tiny.pickle", &data[..1000])
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("tiny.pickle: truncated at byte "), "{err}");
     assert!(err.contains(&format!(" of {}", 1000)), "{err}");
 }
@@ -101,9 +103,18 @@ fn every_fixture_cut_at_64_points_and_mutated_never_panics() {
 fn inputs_that_are_not_snapshots_get_clear_errors() {
     let cases: [(&[u8], &str); 6] = [
         (b"", "the file is empty"),
-        (b"PK\x03\x04rest-of-a-zip", "zip archive (as torch.save writes)"),
-        (b"hello, this is a log file\n", "not a memory snapshot: expected a pickle"),
-        (br#"{"not": "a snapshot"}"#, "segments: missing required key"),
+        (
+            b"PK\x03\x04rest-of-a-zip",
+            "zip archive (as torch.save writes)",
+        ),
+        (
+            b"hello, this is a log file\n",
+            "not a memory snapshot: expected a pickle",
+        ),
+        (
+            br#"{"not": "a snapshot"}"#,
+            "segments: missing required key",
+        ),
         (b"[1, 2, 3]", "segments[0]: expected dict, found int"),
         (b"\x80\x04\x8c\x02\xff\xfe\x94.", "invalid UTF-8"),
     ];

@@ -1,0 +1,258 @@
+//! The command line: exit codes, formats, inputs (gzip, stdin, directories), golden reports.
+
+use predicates::prelude::*;
+
+use crate::common::{self, snapscan};
+
+/// Compares with a golden file, or rewrites it when SNAPSCAN_BLESS=1.
+pub fn golden(rel_path: &str, actual: &[u8]) {
+    let path = common::root().join("tests/golden").join(rel_path);
+    if std::env::var_os("SNAPSCAN_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read(&path)
+        .unwrap_or_else(|_| panic!("missing golden {rel_path}; run with SNAPSCAN_BLESS=1"));
+    if expected != actual {
+        let got = common::root()
+            .join("target")
+            .join(format!("{}.actual", rel_path.replace('/', "_")));
+        let _ = std::fs::write(&got, actual);
+        panic!(
+            "{rel_path} differs from the golden file (actual output written to {})",
+            got.display()
+        );
+    }
+}
+
+fn run_ok(args: &[&str]) -> Vec<u8> {
+    let out = snapscan()
+        .current_dir(common::root())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+const GOLDEN_FIXTURES: [(&str, &str); 3] = [
+    (
+        "train-oom-forward",
+        "fixtures/synth/train-oom-forward.pickle",
+    ),
+    ("fragmented", "fixtures/synth/fragmented.pickle"),
+    (
+        "magma27",
+        "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ),
+];
+
+#[test]
+fn golden_text_and_markdown_reports() {
+    for (name, file) in GOLDEN_FIXTURES {
+        golden(&format!("report/{name}.txt"), &run_ok(&["report", file]));
+        golden(
+            &format!("report/{name}.md"),
+            &run_ok(&["report", "--format", "markdown", file]),
+        );
+    }
+}
+
+#[test]
+fn golden_stats() {
+    golden(
+        "stats/verl.txt",
+        &run_ok(&[
+            "stats",
+            "fixtures/real/volcengine__verl__mem_mempools.pickle",
+        ]),
+    );
+}
+
+#[test]
+fn stats_json_contract() {
+    let out = run_ok(&[
+        "stats",
+        "--format",
+        "json",
+        "fixtures/synth/load-oom-2dev.pickle",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    let f = &v["files"][0];
+    assert_eq!(f["path"], "fixtures/synth/load-oom-2dev.pickle");
+    assert_eq!(f["devices"].as_array().unwrap().len(), 2);
+    for key in [
+        "segments",
+        "reserved_bytes",
+        "requested_bytes",
+        "free_internal_bytes",
+        "free_external_bytes",
+    ] {
+        assert!(f["devices"][1]["final"][key].is_u64(), "{key}");
+    }
+    let only1 = run_ok(&[
+        "stats",
+        "--format",
+        "json",
+        "--device",
+        "1",
+        "fixtures/synth/load-oom-2dev.pickle",
+    ]);
+    let v1: serde_json::Value = serde_json::from_slice(&only1).unwrap();
+    assert_eq!(v1["files"][0]["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(v1["files"][0]["devices"][0]["device"], 1);
+}
+
+#[test]
+fn gzip_stdin_and_plain_inputs_give_the_same_report() {
+    let plain = run_ok(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle",
+    ]);
+    let gz = run_ok(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle.gz",
+    ]);
+    let stdin = snapscan()
+        .current_dir(common::root())
+        .args(["report", "--format", "json", "-"])
+        .pipe_stdin(common::fixture("synth/truncated.pickle.gz"))
+        .unwrap()
+        .output()
+        .unwrap();
+    assert!(stdin.status.success());
+    let devices = |b: &[u8]| {
+        let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+        v["files"][0]["devices"].clone()
+    };
+    assert_eq!(devices(&plain), devices(&gz));
+    assert_eq!(devices(&plain), devices(&stdin.stdout));
+}
+
+#[test]
+fn several_files_get_a_rank_table_with_the_outlier_flagged() {
+    let out = run_ok(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/train.pickle",
+        "fixtures/synth/truncated.pickle",
+        "fixtures/synth/load-oom.pickle",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let rows = v["ranks"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(v["files"].as_array().unwrap().len(), 3);
+    // load-oom holds ~20 GiB against ~4 GiB for the other two: the outlier, and the only OOM.
+    let load = rows
+        .iter()
+        .find(|r| r["path"].as_str().unwrap().contains("load-oom"))
+        .unwrap();
+    assert_eq!(load["outlier"], true);
+    assert_eq!(load["oom"], true);
+    let text = run_ok(&[
+        "report",
+        "fixtures/synth/train.pickle",
+        "fixtures/synth/load-oom.pickle",
+        "fixtures/synth/truncated.pickle",
+    ]);
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.starts_with("3 files, median peak"), "{}", &text[..200]);
+}
+
+#[test]
+fn directories_expand_to_the_snapshots_inside() {
+    let dir = std::env::temp_dir().join(format!("snapscan-dir-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["rank0.pickle", "rank1.pickle"] {
+        std::fs::copy(common::fixture("synth/tiny.pickle"), dir.join(name)).unwrap();
+    }
+    std::fs::write(dir.join("notes.txt"), "not a snapshot").unwrap();
+    let out = snapscan()
+        .args(["report", "--format", "json", dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranks: Vec<u64> = v["ranks"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ranks, vec![0, 1]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_input_exits_2_with_the_file_named() {
+    snapscan()
+        .args(["report", "does-not-exist.pickle"])
+        .assert()
+        .code(2)
+        .stdout(predicate::str::is_empty())
+        .stderr(predicate::str::contains("does-not-exist.pickle"));
+    let dir = std::env::temp_dir().join(format!("snapscan-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cut = dir.join("cut.pickle");
+    let data = std::fs::read(common::fixture("synth/tiny.pickle")).unwrap();
+    std::fs::write(&cut, &data[..5000]).unwrap();
+    snapscan()
+        .args(["stats", cut.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(
+            predicate::str::contains("cut.pickle: truncated at byte")
+                .and(predicate::str::contains("of 5000")),
+        );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    snapscan().args(["report"]).assert().code(2);
+    snapscan()
+        .args(["--help"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("Exit codes"));
+    snapscan()
+        .args(["report", "--help"])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::contains("Examples:"));
+}
+
+#[test]
+fn output_file_option_writes_the_report_there() {
+    let dir = std::env::temp_dir().join(format!("snapscan-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("r.md");
+    snapscan()
+        .current_dir(common::root())
+        .args([
+            "report",
+            "--format",
+            "markdown",
+            "-o",
+            out.to_str().unwrap(),
+            "fixtures/synth/load-oom.pickle",
+        ])
+        .assert()
+        .code(0)
+        .stdout(predicate::str::is_empty());
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(md.starts_with("# snapscan report"));
+    assert!(md.contains("Verdict: FULL"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
