@@ -28,6 +28,9 @@ the JSON form of a snapshot, or `-` for stdin. Nothing in a snapshot is ever exe
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// No progress bar (it is also off when stderr is not a terminal or `CI` is set).
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -145,6 +148,90 @@ pub enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Memory budgets for CI: exits 1 with one line per crossed budget (file, device, budget,
+    /// measured value, limit), 0 when all hold. Peak = peak of requested bytes; reserved = highest
+    /// reserved bytes; fragmentation = 1 − largest free hole / free bytes of the reserved
+    /// segments, the worst of the peak and every OOM.
+    #[command(
+        after_help = "Examples:\n  snapscan check --max-peak 20GiB --fail-on-oom speicher.pickle\n  snapscan check --max-reserved 75GB --max-fragmentation 0.5 'snapshots/rank*.pickle'\n  snapscan check --max-peak 1.5e9 --format json run.pickle.zst > check.json\nSizes: 20GiB, 512MB, 1.5e9 (bytes). Ratios: 0.5 or 50%.\nExit codes: 0 = every budget holds; 1 = a budget was crossed; 2 = a file could not be analysed.",
+        group(clap::ArgGroup::new("budgets").required(true).multiple(true).args(["max_peak", "max_reserved", "max_fragmentation", "fail_on_oom"]))
+    )]
+    Check {
+        /// Snapshot files, directories or glob patterns (`-` for stdin).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Largest allowed peak of requested bytes per device.
+        #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
+        max_peak: Option<u64>,
+        /// Largest allowed reserved bytes per device (the peak of reserved bytes).
+        #[arg(long, value_name = "SIZE", value_parser = crate::units::parse_size)]
+        max_reserved: Option<u64>,
+        /// Largest allowed fragmentation ratio (0..1) at the peak and at every OOM.
+        #[arg(long, value_name = "RATIO", value_parser = analysis::check::parse_ratio)]
+        max_fragmentation: Option<f64>,
+        /// Any OOM event is a failure.
+        #[arg(long)]
+        fail_on_oom: bool,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Compares two runs: peak delta (bytes and %), allocated and reserved deltas, the call sites
+    /// that are new or grew most at the peak, bytes at the peak by phase and category,
+    /// fragmentation delta, OOM appeared or disappeared. BASE and NEW are snapshots or JSON
+    /// reports (`snapscan report --format json`, e.g. a stored baseline).
+    #[command(
+        after_help = "Examples:\n  snapscan diff main.pickle branch.pickle\n  snapscan diff --format markdown --fail-on-growth 5% baseline.json new.pickle > diff.md\n  snapscan diff --format json --device 0 old.pickle.gz new.pickle.gz\nExit codes: 0 = compared (and within --fail-on-growth); 1 = the peak grew by more than --fail-on-growth; 2 = a file could not be analysed."
+    )]
+    Diff {
+        /// The earlier run: snapshot or JSON report (`-` for stdin).
+        base: PathBuf,
+        /// The later run: snapshot or JSON report (`-` for stdin).
+        new: PathBuf,
+        /// Exit 1 when the peak of any device grew by more than this: `5%` or `0.05`.
+        #[arg(long, value_name = "GROWTH", value_parser = analysis::diff::parse_growth)]
+        fail_on_growth: Option<f64>,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        /// How many call sites per table in text and Markdown.
+        #[arg(long, default_value_t = 8)]
+        top: usize,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Cross-rank table (peak per rank, reserved, OOM ranks, outliers) from the JSON reports of
+    /// many nodes, without the snapshots: each node runs `snapscan report --format json` on its
+    /// own snapshot, and merge combines the small reports.
+    #[command(
+        after_help = "Examples:\n  snapscan report --format json /scratch/snap_rank$RANK.pickle > reports/rank$RANK.json   # on every node\n  snapscan merge reports/*.json\n  snapscan merge --format markdown 'reports/*.json' > ranks.md\nRanks come from the snapshot names (rank3.pickle), else from the report names (rank3.json).\nExit codes: 0 = merged; 2 = a report could not be read."
+    )]
+    Merge {
+        /// JSON reports, directories or glob patterns (`-` for stdin).
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Shell completion script, printed to stdout.
+    #[command(
+        after_help = "Examples:\n  snapscan completions bash > ~/.local/share/bash-completion/completions/snapscan\n  snapscan completions zsh > ~/.zfunc/_snapscan\n  snapscan completions fish > ~/.config/fish/completions/snapscan.fish"
+    )]
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// Result of a command: bytes for stdout and the exit code.
@@ -182,7 +269,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             };
             let reports: Vec<_> = loaded
                 .par_iter()
-                .map(|l| analysis::report::file_report(l, &options))
+                .map(|l| report_of(l, &options))
                 .collect();
             let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
             let report = crate::report::Report {
@@ -197,7 +284,12 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             };
             let mut bytes = match format {
                 Format::Json => crate::render::json(&report),
-                Format::Text => crate::render::report_text::text(&report, &view).into_bytes(),
+                Format::Text => crate::render::report_text::text_styled(
+                    &report,
+                    &view,
+                    output.is_none() && crate::render::style::stdout_allows_color(),
+                )
+                .into_bytes(),
                 Format::Markdown => {
                     crate::render::report_text::markdown_with_pictures(&report, &view, &pictures)
                         .into_bytes()
@@ -273,6 +365,99 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             Ok(Outcome {
                 output: bytes,
                 target: output,
+                code: 0,
+            })
+        }
+        Command::Check {
+            files,
+            max_peak,
+            max_reserved,
+            max_fragmentation,
+            fail_on_oom,
+            device,
+            format,
+            output,
+        } => {
+            let report = analyse(&files, device)?;
+            let budgets = crate::report::Budgets {
+                max_peak_bytes: max_peak,
+                max_reserved_bytes: max_reserved,
+                max_fragmentation_ratio: max_fragmentation,
+                fail_on_oom,
+            };
+            let checked = analysis::check::check(&report, &budgets);
+            let color = output.is_none() && crate::render::style::stdout_allows_color();
+            let bytes = match format {
+                Format::Json => crate::render::json(&checked),
+                Format::Text => crate::render::check_text::text(&checked, color).into_bytes(),
+                Format::Markdown => crate::render::check_text::markdown(&checked).into_bytes(),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: if checked.passed { 0 } else { 1 },
+            })
+        }
+        Command::Diff {
+            base,
+            new,
+            fail_on_growth,
+            device,
+            top,
+            format,
+            output,
+        } => {
+            let (b, n) = rayon::join(
+                || file_report_of(&base, device),
+                || file_report_of(&new, device),
+            );
+            let diff = analysis::diff::diff(&b?, &n?, fail_on_growth);
+            let view = crate::render::diff_text::DiffView { top };
+            let color = output.is_none() && crate::render::style::stdout_allows_color();
+            let bytes = match format {
+                Format::Json => crate::render::json(&diff),
+                Format::Text => crate::render::diff_text::text(&diff, &view, color).into_bytes(),
+                Format::Markdown => crate::render::diff_text::markdown(&diff, &view).into_bytes(),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: if diff.failed { 1 } else { 0 },
+            })
+        }
+        Command::Merge {
+            reports,
+            format,
+            output,
+        } => {
+            let paths = crate::input::expand_inputs(&reports)?;
+            if paths.is_empty() {
+                anyhow::bail!("no JSON report found in {}", display_paths(&reports));
+            }
+            let merged = analysis::merge::merge_files(&paths)?;
+            let color = output.is_none() && crate::render::style::stdout_allows_color();
+            let bytes = match format {
+                Format::Json => crate::render::json(&merged),
+                Format::Text => crate::render::merge_text::text(&merged, color).into_bytes(),
+                Format::Markdown => crate::render::merge_text::markdown(&merged).into_bytes(),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
+        Command::Completions { shell } => {
+            let mut bytes = Vec::new();
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "snapscan",
+                &mut bytes,
+            );
+            Ok(Outcome {
+                output: bytes,
+                target: None,
                 code: 0,
             })
         }
@@ -369,6 +554,87 @@ fn write_pictures(
     Ok(links)
 }
 
+/// [`analysis::report::file_report`] with a spinner on the terminal for big snapshots.
+fn report_of(
+    loaded: &LoadedSnapshot,
+    options: &analysis::report::ReportOptions,
+) -> crate::report::FileReport {
+    let _spinner = crate::progress::Loading::busy(&loaded.name, loaded.decoded_bytes, "analysing");
+    analysis::report::file_report(loaded, options)
+}
+
+/// Loads and analyses snapshot files (globs and directories expanded) into one report.
+fn analyse(files: &[PathBuf], device: Option<i64>) -> Result<crate::report::Report, anyhow::Error> {
+    let loaded = load_all(files)?;
+    let options = analysis::report::ReportOptions {
+        device,
+        ..Default::default()
+    };
+    let reports: Vec<_> = loaded
+        .par_iter()
+        .map(|l| report_of(l, &options))
+        .collect();
+    Ok(crate::report::Report {
+        schema_version: SCHEMA_VERSION,
+        files: reports,
+        ranks: None,
+    })
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| crate::input::display_name(p))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether an (uncompressed) file starts like a `snapscan report --format json` output.
+fn looks_like_json_report(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    if path.as_os_str() == "-" {
+        return false;
+    }
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let head = String::from_utf8_lossy(&head[..n]);
+    head.trim_start().starts_with('{') && head.contains("\"schema_version\"")
+}
+
+/// One file's report for `diff`: analysed from a snapshot, or read from a JSON report (which
+/// must hold exactly one file).
+fn file_report_of(
+    path: &std::path::Path,
+    device: Option<i64>,
+) -> Result<crate::report::FileReport, anyhow::Error> {
+    let mut file = if looks_like_json_report(path) {
+        let mut files = analysis::merge::read_full_report(path)?;
+        if files.len() != 1 {
+            anyhow::bail!(
+                "{}: the report holds {} files; diff compares one run with one run",
+                path.display(),
+                files.len()
+            );
+        }
+        files.remove(0)
+    } else {
+        let loaded = snapshot::load(path)?;
+        report_of(
+            &loaded,
+            &analysis::report::ReportOptions {
+                device,
+                ..Default::default()
+            },
+        )
+    };
+    if let Some(d) = device {
+        file.devices.retain(|x| x.device == d);
+    }
+    Ok(file)
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -379,6 +645,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    crate::progress::enable_from_env(cli.quiet);
     match run(cli) {
         Ok(outcome) => {
             let written = match &outcome.target {

@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::pickle::{self, Document, PickleError};
+use crate::progress::Loading;
 
 /// Bytes of one input, either mapped from disk or decompressed/read into memory.
 pub enum InputBytes {
@@ -60,6 +61,70 @@ pub fn display_name(path: &Path) -> String {
 
 /// Reads (maps) an input and undoes gzip/zstd compression, detected by magic bytes.
 pub fn read_input(path: &Path) -> Result<(InputBytes, Compression), InputError> {
+    read_input_with(path, &mut Loading::hidden())
+}
+
+/// A reader that reports how many bytes went through it.
+struct Counting<'a, R> {
+    inner: R,
+    count: u64,
+    next: u64,
+    progress: &'a mut Loading,
+    /// Bytes written by the decompressor so far, shown next to the compressed position.
+    decoded: Option<&'a std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for Counting<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        if self.count >= self.next {
+            self.next = self.count + crate::progress::STEP_BYTES as u64;
+            self.progress.set(self.count);
+            if let Some(d) = self.decoded {
+                self.progress.detail(&format!(
+                    "({} decoded)",
+                    crate::units::format_bytes(d.get())
+                ));
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Decompresses all of `src` with `decoder`, showing the compressed bytes consumed.
+fn decompress<'a, D: Read>(
+    make: impl FnOnce(Counting<'a, &'a [u8]>) -> Result<D, String>,
+    src: &'a [u8],
+    progress: &'a mut Loading,
+    decoded: &'a std::cell::Cell<u64>,
+) -> Result<Vec<u8>, String> {
+    progress.phase("decompressing", Some(src.len() as u64));
+    let counting = Counting {
+        inner: src,
+        count: 0,
+        next: 0,
+        progress,
+        decoded: Some(decoded),
+    };
+    let mut decoder = make(counting)?;
+    let mut out = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = decoder.read(&mut chunk).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&chunk[..n]);
+        decoded.set(out.len() as u64);
+    }
+}
+
+/// [`read_input`] with a progress bar for big inputs.
+pub fn read_input_with(
+    path: &Path,
+    progress: &mut Loading,
+) -> Result<(InputBytes, Compression), InputError> {
     let name = display_name(path);
     let io_err = |source| InputError::Io {
         path: name.clone(),
@@ -67,10 +132,16 @@ pub fn read_input(path: &Path) -> Result<(InputBytes, Compression), InputError> 
     };
     let raw = if path.as_os_str() == "-" {
         let mut buf = Vec::new();
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .map_err(io_err)?;
+        progress.phase("reading", None);
+        Counting {
+            inner: std::io::stdin().lock(),
+            count: 0,
+            next: 0,
+            progress: &mut *progress,
+            decoded: None,
+        }
+        .read_to_end(&mut buf)
+        .map_err(io_err)?;
         InputBytes::Owned(buf)
     } else {
         let file = std::fs::File::open(path).map_err(io_err)?;
@@ -98,29 +169,31 @@ pub fn read_input(path: &Path) -> Result<(InputBytes, Compression), InputError> 
             }
         }
     };
+    let decoded = std::cell::Cell::new(0u64);
     if raw.starts_with(GZIP_MAGIC) {
-        let mut out = Vec::new();
-        flate2::read::MultiGzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| InputError::Format {
-                path: name.clone(),
-                message: format!("gzip data is corrupt: {e}"),
-            })?;
+        let out = decompress(
+            |r| Ok(flate2::read::MultiGzDecoder::new(r)),
+            &raw,
+            progress,
+            &decoded,
+        )
+        .map_err(|e| InputError::Format {
+            path: name.clone(),
+            message: format!("gzip data is corrupt: {e}"),
+        })?;
         return Ok((InputBytes::Owned(out), Compression::Gzip));
     }
     if raw.starts_with(ZSTD_MAGIC) {
-        let mut out = Vec::new();
-        let mut decoder =
-            ruzstd::decoding::StreamingDecoder::new(&raw[..]).map_err(|e| InputError::Format {
-                path: name.clone(),
-                message: format!("zstd data is corrupt: {e}"),
-            })?;
-        decoder
-            .read_to_end(&mut out)
-            .map_err(|e| InputError::Format {
-                path: name.clone(),
-                message: format!("zstd data is corrupt: {e}"),
-            })?;
+        let out = decompress(
+            |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
+            &raw,
+            progress,
+            &decoded,
+        )
+        .map_err(|e| InputError::Format {
+            path: name.clone(),
+            message: format!("zstd data is corrupt: {e}"),
+        })?;
         return Ok((InputBytes::Owned(out), Compression::Zstd));
     }
     Ok((raw, Compression::None))
@@ -129,6 +202,21 @@ pub fn read_input(path: &Path) -> Result<(InputBytes, Compression), InputError> 
 /// Decodes the bytes of an input as a pickle or as JSON, with a clear message for inputs that
 /// are neither (empty files, `torch.save` zip archives, text).
 pub fn decode_document(name: &str, data: &[u8]) -> Result<Document, InputError> {
+    decode_document_with(name, data, &mut Loading::hidden())
+}
+
+/// [`decode_document`] with a progress bar for big inputs.
+pub fn decode_document_with(
+    name: &str,
+    data: &[u8],
+    progress: &mut Loading,
+) -> Result<Document, InputError> {
+    progress.phase("parsing", Some(data.len() as u64));
+    let mut parse = |data: &[u8]| {
+        pickle::parse_with_progress(data, crate::progress::STEP_BYTES, &mut |pos| {
+            progress.set(pos)
+        })
+    };
     let format_err = |message: &str| InputError::Format {
         path: name.to_owned(),
         message: message.to_owned(),
@@ -149,7 +237,7 @@ pub fn decode_document(name: &str, data: &[u8]) -> Result<Document, InputError> 
         .find(|b| !b.is_ascii_whitespace())
         .unwrap_or(0);
     let result = if data[0] == pickle::opcodes::PROTO {
-        pickle::parse(data)
+        parse(data)
     } else if first == b'{' || first == b'[' {
         pickle::parse_json(data)
     } else if data[0] == pickle::opcodes::EMPTY_DICT
@@ -157,7 +245,7 @@ pub fn decode_document(name: &str, data: &[u8]) -> Result<Document, InputError> 
         || data[0] == pickle::opcodes::MARK
     {
         // Protocol 0/1 pickles have no PROTO header.
-        pickle::parse(data)
+        parse(data)
     } else {
         return Err(format_err(&format!(
             "not a memory snapshot: expected a pickle (first byte 0x80) or JSON, found first byte 0x{:02x}",
@@ -170,10 +258,55 @@ pub fn decode_document(name: &str, data: &[u8]) -> Result<Document, InputError> 
     })
 }
 
-/// Expands directories into the snapshot files inside them (sorted), keeps files as they are.
-pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
+/// Whether an argument is a glob pattern (`*`, `?`, `[…]`) rather than a file name. A file that
+/// exists under that exact name is taken as it is.
+fn is_glob(path: &Path) -> bool {
+    let s = path.to_string_lossy();
+    s.contains(['*', '?', '[']) && !path.exists()
+}
+
+/// Expands a glob pattern (for arguments the shell did not expand, e.g. quoted ones) into the
+/// matching paths, sorted; an error when nothing matches.
+fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let text = pattern.to_string_lossy();
+    let err = |message: String| InputError::Format {
+        path: text.to_string(),
+        message,
+    };
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: true,
+    };
     let mut out = Vec::new();
+    for entry in glob::glob_with(&text, options)
+        .map_err(|e| err(format!("invalid pattern: {e}")))?
+    {
+        out.push(entry.map_err(|e| InputError::Io {
+            path: e.path().display().to_string(),
+            source: std::io::Error::new(e.error().kind(), e.error().to_string()),
+        })?);
+    }
+    if out.is_empty() {
+        return Err(err("no file matches this pattern".into()));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Expands glob patterns and directories into the snapshot files inside them (sorted), keeps
+/// files as they are.
+pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
+    let mut globbed = Vec::with_capacity(paths.len());
     for p in paths {
+        if is_glob(p) {
+            globbed.extend(expand_glob(p)?);
+        } else {
+            globbed.push(p.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for p in &globbed {
         if p.is_dir() {
             let entries = std::fs::read_dir(p).map_err(|source| InputError::Io {
                 path: display_name(p),

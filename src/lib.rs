@@ -9,6 +9,7 @@ pub mod cli;
 pub mod explain;
 pub mod input;
 pub mod pickle;
+pub mod progress;
 pub mod render;
 pub mod report;
 pub mod snapshot;

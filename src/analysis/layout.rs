@@ -69,8 +69,9 @@ fn guess_kind(size: u64) -> PoolKind {
 
 /// True when nothing after `event` changes blocks or segments, so the dump is that moment.
 fn dump_is_moment(snapshot: &Snapshot, device: i64, event: u32) -> bool {
-    snapshot.trace(device)[event as usize + 1..]
-        .iter()
+    let trace = snapshot.trace(device);
+    trace
+        .range(event as usize + 1..trace.len())
         .all(|e| {
             matches!(
                 e.action,
@@ -164,7 +165,7 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
         Moment::WindowStart => 0,
         Moment::After(e) => e as usize + 1,
     };
-    for e in trace[first_undone.min(trace.len())..].iter().rev() {
+    for e in trace.range(first_undone..trace.len()).rev() {
         match e.action {
             Action::SegmentAlloc => {
                 segs.remove(&e.addr);

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use super::callsite::{call_site, stack_lines, CallSites};
+use super::category::{Categorizer, Category, Confidence};
+use super::phase::{find_phases, Phase, Phases};
 use super::layout::{layout_at, Moment, SegmentLayout};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
@@ -46,12 +48,25 @@ fn site_of(sites: &CallSites, a: &Allocation) -> String {
     }
 }
 
-fn live_allocation(
-    sites: &CallSites,
-    trace: &[crate::snapshot::TraceEntry],
-    a: &Allocation,
-    at: Option<u32>,
-) -> LiveAllocation {
+/// What the report says about each allocation it lists.
+struct Describe<'a> {
+    sites: CallSites<'a>,
+    trace: &'a crate::snapshot::Trace,
+    phases: &'a Phases,
+    categorizer: Categorizer<'a>,
+}
+
+fn confidence_name(c: Confidence) -> &'static str {
+    match c {
+        Confidence::High => "high",
+        Confidence::Medium => "medium",
+        Confidence::Low => "low",
+    }
+}
+
+fn live_allocation(d: &Describe, a: &Allocation, at: Option<u32>) -> LiveAllocation {
+    let (sites, trace) = (&d.sites, d.trace);
+    let (category, confidence) = d.categorizer.categorize(a);
     LiveAllocation {
         address: a.address,
         requested_bytes: a.requested_bytes,
@@ -68,6 +83,9 @@ fn live_allocation(
         },
         call_site: site_of(sites, a),
         stream: a.stream,
+        phase: d.phases.at(a.alloc_event).name().to_owned(),
+        category: category.name().to_owned(),
+        confidence: confidence_name(confidence).to_owned(),
     }
 }
 
@@ -204,8 +222,8 @@ fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u
     }
 }
 
-fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, event: u32) -> Oom {
-    let entry = &snapshot.trace(replay.device)[event as usize];
+fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event: u32) -> Oom {
+    let entry = &snapshot.trace(replay.device).at(event as usize);
     let layout = layout_at(snapshot, replay, Moment::After(event));
     let request = entry.size;
     let wanted_kind = if request <= SMALL_REQUEST_LIMIT {
@@ -244,6 +262,7 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, event: u32) -> Oom {
         segment_type: kind_name(wanted_kind).to_owned(),
         stream: entry.stream,
         verdict: verdict.to_owned(),
+        phase: phases.at(Some(event)).name().to_owned(),
         call_site: call_site(&snapshot.interner, entry.frames),
         live_by_call_site: by_call_site(
             snapshot,
@@ -258,10 +277,20 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, event: u32) -> Oom {
 pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
-    let sites = CallSites::new(&snapshot.interner);
+    let phases = find_phases(snapshot, device);
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
+    let describe = Describe {
+        sites: CallSites::new(&snapshot.interner),
+        trace,
+        phases: &phases,
+        categorizer: Categorizer {
+            phases: &phases,
+            interner: &snapshot.interner,
+            peak_bytes: peak_requested,
+        },
+    };
     let time_at = |e: Option<u32>| {
         e.and_then(|i| trace.get(i as usize))
             .and_then(|t| t.time_us)
@@ -275,7 +304,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     });
     let live_at_peak: Vec<LiveAllocation> = live
         .iter()
-        .map(|a| live_allocation(&sites, trace, a, peak_event))
+        .map(|a| live_allocation(&describe, a, peak_event))
         .collect();
 
     let (low_event, low_level) = low_point_before(&replay, peak_event);
@@ -299,7 +328,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         allocations: held
             .iter()
             .take(options.held_open_limit)
-            .map(|a| live_allocation(&sites, trace, a, peak_event))
+            .map(|a| live_allocation(&describe, a, peak_event))
             .collect(),
     };
 
@@ -323,7 +352,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         .iter()
         .enumerate()
         .filter(|(_, e)| e.action == Action::Oom)
-        .map(|(i, _)| oom_report(snapshot, &replay, i as u32))
+        .map(|(i, _)| oom_report(snapshot, &replay, &phases, i as u32))
         .collect();
 
     let first_time = trace.iter().find_map(|e| e.time_us);
@@ -360,7 +389,20 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         ));
     }
 
-    DeviceReport {
+    let mut categories_at_peak: std::collections::BTreeMap<String, u64> =
+        Category::ALL.iter().map(|c| (c.name().to_owned(), 0)).collect();
+    let mut phases_at_peak: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    for a in &live_at_peak {
+        *categories_at_peak.entry(a.category.clone()).or_default() += a.requested_bytes;
+        let phase = if a.alloc_event.is_none() { "before_window" } else { a.phase.as_str() };
+        *phases_at_peak.entry(phase.to_owned()).or_default() += a.requested_bytes;
+    }
+    if let Some(reason) = &phases.unknown_reason {
+        notes.push(format!("phases unknown: {reason}"));
+    }
+    let steps = step_summaries(&replay, &phases);
+
+    let mut report = DeviceReport {
         device,
         final_state: final_state(snapshot.segments_of(device)),
         window: Window {
@@ -390,6 +432,8 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             reserved_bytes: replay.reserved.at(peak_event),
             event_index: peak_event,
             time_us: time_at(peak_event),
+            phase: phases.at(peak_event).name().to_owned(),
+            step: phases.step_at(peak_event),
         },
         peak_allocated: LevelPeak {
             bytes: peak_allocated,
@@ -401,7 +445,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         },
         live_at_peak_by_call_site: by_call_site(
             snapshot,
-            &sites,
+            &describe.sites,
             live.iter().copied(),
             peak_requested,
         ),
@@ -411,8 +455,60 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         segments: peak_layout.iter().map(segment_report).collect(),
         fragmentation_at_peak: fragmentation(&peak_layout, largest_request),
         fragmentation_at_end: fragmentation(&end_layout, largest_request),
+        phases: phases.intervals.clone(),
+        phases_unknown_reason: phases.unknown_reason.clone(),
+        categories_at_peak,
+        phases_at_peak,
+        steps,
+        advice: Vec::new(),
         notes,
+    };
+    report.advice = super::advice::advise(
+        &report,
+        snapshot
+            .allocator_settings
+            .as_ref()
+            .and_then(|s| s.expandable_segments),
+        snapshot.has_stacks(),
+    );
+    report
+}
+
+/// Peak and starting level of each training step (steps are numbered by the phase finder).
+fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
+    let mut out: Vec<StepSummary> = Vec::new();
+    for iv in &phases.intervals {
+        let Some(step) = iv.step else { continue };
+        if !matches!(iv.name, Phase::Forward | Phase::Backward | Phase::Optimizer | Phase::Eval) {
+            continue;
+        }
+        let (peak, at) = (iv.first_event..=iv.last_event)
+            .map(|e| (replay.requested.at(Some(e)), e))
+            .fold((i64::MIN, iv.first_event), |best, x| if x.0 > best.0 { x } else { best });
+        match out.last_mut() {
+            Some(s) if s.step == step => {
+                s.last_event = iv.last_event;
+                if peak > s.peak_requested_bytes {
+                    s.peak_requested_bytes = peak;
+                    s.peak_event = at;
+                }
+            }
+            _ => {
+                let start = replay.requested.at(iv.first_event.checked_sub(1));
+                let growth = out.last().map_or(0, |p| start - p.start_requested_bytes);
+                out.push(StepSummary {
+                    step,
+                    first_event: iv.first_event,
+                    last_event: iv.last_event,
+                    peak_requested_bytes: peak,
+                    peak_event: at,
+                    start_requested_bytes: start,
+                    start_growth_bytes: growth,
+                });
+            }
+        }
     }
+    out
 }
 
 pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileReport {

@@ -7,7 +7,7 @@ mod reader;
 mod value;
 
 pub use json::parse_json;
-pub use reader::parse;
+pub use reader::{parse, parse_with_progress};
 pub use value::{DictId, Document, SeqId, StrId, StringTable, Value};
 
 /// What went wrong while decoding, with the byte offset into the (decompressed) input.

@@ -49,7 +49,17 @@ impl Memo {
 
 /// Parses a complete pickle held in memory.
 pub fn parse(data: &[u8]) -> Result<Document, PickleError> {
-    Machine::new(data).run()
+    Machine::new(data).run(usize::MAX, &mut |_| {})
+}
+
+/// [`parse`], calling `progress(bytes parsed so far)` about every `step` bytes of input (for a
+/// progress bar on big files; one comparison per opcode otherwise).
+pub fn parse_with_progress(
+    data: &[u8],
+    step: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Document, PickleError> {
+    Machine::new(data).run(step.max(1), progress)
 }
 
 struct Machine<'a> {
@@ -293,8 +303,13 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn run(mut self) -> Result<Document, PickleError> {
+    fn run(mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<Document, PickleError> {
+        let mut next_report = step;
         loop {
+            if self.pos >= next_report {
+                progress(self.pos as u64);
+                next_report = self.pos.saturating_add(step);
+            }
             self.op_pos = self.pos;
             let code = match self.data.get(self.pos) {
                 Some(&c) => c,

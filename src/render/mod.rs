@@ -1,7 +1,12 @@
 //! Pure functions from output structs to bytes: text, Markdown, JSON.
 
+pub mod blocks;
+pub mod check_text;
+pub mod diff_text;
 pub mod explain_text;
+pub mod merge_text;
 pub mod stats_text;
+pub mod style;
 pub mod svg;
 pub mod svg_segments;
 pub mod svg_timeline;

@@ -20,6 +20,8 @@ pub struct View {
 enum Block {
     Heading(String),
     Para(String),
+    /// A paragraph that must stand out (the OOM verdict): bold red on a colour terminal.
+    Alert(String),
     Table {
         title: String,
         header: Vec<&'static str>,
@@ -29,6 +31,8 @@ enum Block {
     },
     /// Preformatted lines (stacks).
     Lines(Vec<String>),
+    /// A numbered list of items, each a head line and wrapped detail paragraphs.
+    Items(Vec<(String, Vec<String>)>),
 }
 
 fn bytes(b: i64) -> String {
@@ -113,9 +117,10 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
             "born",
             "freed",
             "age (events)",
+            "category",
             "call site",
         ],
-        right: vec![true, true, false, false, true, false],
+        right: vec![true, true, false, false, true, false, false],
         rows: allocations
             .iter()
             .take(view.top)
@@ -128,6 +133,7 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
                     a.age_events
                         .map(|x| x.to_string())
                         .unwrap_or_else(|| "-".into()),
+                    a.category.clone(),
                     a.call_site.clone(),
                 ]
             })
@@ -135,9 +141,31 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
     }
 }
 
+/// "in the backward pass (step 3)" or "" when the phase is unknown.
+fn in_phase(phase: &str, step: Option<u32>) -> String {
+    let what = match phase {
+        "load" => "while loading the model",
+        "forward" => "in the forward pass",
+        "backward" => "in the backward pass",
+        "optimizer" => "in the optimizer step",
+        "eval" => "in evaluation",
+        _ => return String::new(),
+    };
+    match step {
+        Some(s) if phase != "load" => format!(" {what} (step {s})"),
+        _ => format!(" {what}"),
+    }
+}
+
 fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
+    let step = dev
+        .phases
+        .iter()
+        .find(|iv| iv.first_event <= o.event_index && o.event_index <= iv.last_event)
+        .and_then(|iv| iv.step);
     let mut s = format!(
-        "OUT OF MEMORY {}: a {} request ({} pool, stream {}) failed",
+        "OUT OF MEMORY{} {}: a {} request ({} pool, stream {}) failed",
+        in_phase(&o.phase, step),
         when(dev, Some(o.event_index), o.time_us),
         format_bytes(o.requested_bytes),
         o.segment_type,
@@ -240,9 +268,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     // 1. The verdict.
     if dev.oom.is_empty() {
         let mut s = format!(
-            "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks) {}; {} reserved at that moment.",
+            "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
+            in_phase(&dev.peak.phase, dev.peak.step),
             when(dev, dev.peak.event_index, dev.peak.time_us),
             bytes(dev.peak.reserved_bytes),
         );
@@ -252,12 +281,13 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         out.push(Block::Para(s));
     } else {
         for o in &dev.oom {
-            out.push(Block::Para(oom_verdict(dev, o)));
+            out.push(Block::Alert(oom_verdict(dev, o)));
         }
         out.push(Block::Para(format!(
-            "Peak before that: {} requested ({} in blocks) {}.",
+            "Peak before that: {} requested ({} in blocks){} {}.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
+            in_phase(&dev.peak.phase, dev.peak.step),
             when(dev, dev.peak.event_index, dev.peak.time_us)
         )));
     }
@@ -286,7 +316,78 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     );
     out.push(Block::Para(window));
 
-    // 3. What was alive at the peak.
+    // 3. What to change first, then where the memory went.
+    if !dev.advice.is_empty() {
+        let items = dev
+            .advice
+            .iter()
+            .map(|a| {
+                let mut details = vec![format!("Why: {}.", a.reason)];
+                if let Some(b) = a.estimated_saving_bytes {
+                    details.push(format!("Expected saving: about {}.", format_bytes(b)));
+                }
+                details.push(format!("Not a fix when: {}.", a.caveat));
+                (a.action.clone(), details)
+            })
+            .collect();
+        out.push(Block::Para("What to change first:".to_owned()));
+        out.push(Block::Items(items));
+    }
+    let total: u64 = dev.categories_at_peak.values().sum();
+    let mut cats: Vec<(&String, &u64)> = dev.categories_at_peak.iter().filter(|(_, b)| **b > 0).collect();
+    cats.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    if !cats.is_empty() {
+        let mut phases: Vec<(&String, &u64)> = dev.phases_at_peak.iter().filter(|(_, b)| **b > 0).collect();
+        phases.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let share = |b: u64| pct(b as f64 / total.max(1) as f64);
+        out.push(Block::Table {
+            title: "Where the memory went at the peak (by category, and by the phase that allocated it)".to_owned(),
+            header: vec!["category", "bytes", "share", "", "allocated in", "bytes", "share"],
+            right: vec![false, true, true, false, false, true, true],
+            rows: (0..cats.len().max(phases.len()))
+                .map(|i| {
+                    let (c, cb) = cats.get(i).map_or((String::new(), String::new()), |(c, b)| ((*c).clone(), format_bytes(**b)));
+                    let cs = cats.get(i).map_or(String::new(), |(_, b)| share(**b));
+                    let (p, pb) = phases.get(i).map_or((String::new(), String::new()), |(p, b)| (p.replace('_', " "), format_bytes(**b)));
+                    let ps = phases.get(i).map_or(String::new(), |(_, b)| share(**b));
+                    vec![c, cb, cs, String::new(), p, pb, ps]
+                })
+                .collect(),
+        });
+    }
+    if dev.steps.len() > 1 {
+        let growing = dev.steps.windows(2).all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes);
+        let growth = dev.steps.last().map_or(0, |l| l.start_requested_bytes)
+            - dev.steps.first().map_or(0, |f| f.start_requested_bytes);
+        let title = if growing && dev.steps.len() > 2 && growth > 0 {
+            format!(
+                "Training steps — LEAK SUSPECT: memory at the start of each step grew every step, {} in total",
+                bytes(growth)
+            )
+        } else {
+            "Training steps (peak of each, and memory alive when it started)".to_owned()
+        };
+        out.push(Block::Table {
+            title,
+            header: vec!["step", "events", "peak", "at start", "growth"],
+            right: vec![true, false, true, true, true],
+            rows: dev
+                .steps
+                .iter()
+                .map(|st| {
+                    vec![
+                        st.step.to_string(),
+                        format!("{}-{}", st.first_event, st.last_event),
+                        bytes(st.peak_requested_bytes),
+                        bytes(st.start_requested_bytes),
+                        bytes(st.start_growth_bytes),
+                    ]
+                })
+                .collect(),
+        });
+    }
+
+    // 4. What was alive at the peak.
     out.extend(call_site_table(
         format!(
             "Alive at the peak, by call site ({} of {} sites, {} allocations)",
@@ -426,9 +527,23 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
 }
 
 pub fn text(report: &Report, view: &View) -> String {
+    text_styled(report, view, false)
+}
+
+/// [`text`] with the OOM verdicts in bold red when `color` is on (a terminal).
+pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
     let mut out = String::new();
     for block in all_blocks(report, view) {
         match block {
+            Block::Alert(p) => {
+                for line in wrap(&p, 100) {
+                    let _ = writeln!(
+                        out,
+                        "{}",
+                        super::style::paint(&line, super::style::Tone::Bad, color)
+                    );
+                }
+            }
             Block::Heading(h) => {
                 if !out.is_empty() {
                     out.push('\n');
@@ -443,6 +558,20 @@ pub fn text(report: &Report, view: &View) -> String {
             Block::Lines(lines) => {
                 for l in lines {
                     let _ = writeln!(out, "  {l}");
+                }
+            }
+            Block::Items(items) => {
+                for (i, (head, details)) in items.iter().enumerate() {
+                    let lead = format!("  {}. ", i + 1);
+                    for (j, line) in wrap(head, 100 - lead.len()).iter().enumerate() {
+                        let prefix = if j == 0 { lead.clone() } else { " ".repeat(lead.len()) };
+                        let _ = writeln!(out, "{prefix}{line}");
+                    }
+                    for d in details {
+                        for line in wrap(d, 100 - lead.len()) {
+                            let _ = writeln!(out, "{}{line}", " ".repeat(lead.len()));
+                        }
+                    }
                 }
             }
             Block::Table {
@@ -510,8 +639,17 @@ pub fn markdown(report: &Report, view: &View) -> String {
             Block::Heading(h) => {
                 let _ = writeln!(out, "## `{h}`\n");
             }
-            Block::Para(p) => {
+            Block::Para(p) | Block::Alert(p) => {
                 let _ = writeln!(out, "{p}\n");
+            }
+            Block::Items(items) => {
+                for (i, (head, details)) in items.iter().enumerate() {
+                    let _ = writeln!(out, "{}. **{}**", i + 1, head);
+                    for d in details {
+                        let _ = writeln!(out, "   - {d}");
+                    }
+                }
+                out.push('\n');
             }
             Block::Lines(lines) => {
                 out.push_str("```\n");

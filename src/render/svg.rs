@@ -369,7 +369,9 @@ pub const MIXED_FILL: &str = "url(#snapscan-mixed)";
 /// Legend text of allocations without a recorded stack.
 pub const NO_STACK: &str = "<no stack recorded: colours by address>";
 
-/// The outer document around panels of total height `height`.
+/// The outer document around panels of total height `height`. It is as wide as its container
+/// (`width="100%"`) with the height following the viewBox's aspect ratio, so that a tall
+/// picture opened on its own scrolls instead of shrinking to the window's height.
 pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
     let h = num(height);
     let mut out = String::with_capacity(body.len() + 1024);
@@ -377,7 +379,9 @@ pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
     let _ = writeln!(
         out,
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {} {h}\" width=\"100%\" \
+         style=\"height:auto;aspect-ratio:{}/{h}\" \
          font-family=\"{}\" font-size=\"13\" fill=\"{INK}\">",
+        num(WIDTH),
         num(WIDTH),
         esc(SANS)
     );
@@ -482,7 +486,7 @@ mod tests {
         assert_eq!(num(0.0), "0");
         assert_eq!(num(-0.04), "0");
         assert_eq!(num(12.25), "12.3");
-        assert_eq!(num(-3.14), "-3.1");
+        assert_eq!(num(-3.26), "-3.3");
         assert_eq!(num(7.0), "7");
         assert_eq!(num(f64::NAN), "0");
     }

@@ -261,6 +261,11 @@ fn segment_tooltip(s: &SegmentLayout) -> Vec<String> {
     ]
 }
 
+/// A sum that saturates instead of overflowing (hostile files can claim any size).
+fn sat_sum(values: impl Iterator<Item = u64>) -> u64 {
+    values.fold(0u64, |a, b| a.saturating_add(b))
+}
+
 /// Where the failed request and the largest hole are drawn.
 struct Focus {
     segment: usize,
@@ -298,7 +303,7 @@ fn largest_hole(
                 consider(run.take(), &mut best);
             } else {
                 run = Some(match run {
-                    Some((off, size)) => (off, size + b.size),
+                    Some((off, size)) => (off, size.saturating_add(b.size)),
                     None => (b.offset, b.size),
                 });
             }
@@ -318,7 +323,7 @@ struct Geometry {
 
 fn pack(layout: &[SegmentLayout], order: &[usize], min_capacity: u64) -> Geometry {
     let largest = order.first().map_or(0, |&i| layout[i].total_bytes);
-    let total: u64 = layout.iter().map(|s| s.total_bytes).sum();
+    let total = sat_sum(layout.iter().map(|s| s.total_bytes));
     let capacity = largest
         .max(total.div_ceil(MAX_ROWS))
         .max(min_capacity)
@@ -428,8 +433,8 @@ fn draw_segments(
             match &mut run {
                 Some(r) if r.0 == row => {
                     r.2 = x0 + w;
-                    r.3 += s.total_bytes;
-                    r.4 += s.allocated_bytes;
+                    r.3 = r.3.saturating_add(s.total_bytes);
+                    r.4 = r.4.saturating_add(s.allocated_bytes);
                     r.5 = r.5.max(s.total_bytes);
                     r.6 += 1;
                 }
@@ -493,7 +498,7 @@ fn draw_segments(
                 match &mut small {
                     Some(r) => {
                         r.1 = bx + bw;
-                        r.2 += b.size;
+                        r.2 = r.2.saturating_add(b.size);
                         r.3 += 1;
                     }
                     None => small = Some((bx, bx + bw, b.size, 1)),
@@ -602,7 +607,8 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
                 None => None,
             };
             let key = site.unwrap_or_else(|| svg::NO_STACK.to_owned());
-            *by_site.entry(key).or_insert(0) += b.requested;
+            let g = by_site.entry(key).or_insert(0);
+            *g = g.saturating_add(b.requested);
         }
     }
     let mut sites: Vec<(String, u64)> = by_site.into_iter().collect();
@@ -643,12 +649,12 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
         None => largest_hole(&layout, |_| true),
     };
 
-    let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
-    let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
-    let requested: u64 = layout.iter().map(|s| s.requested_bytes).sum();
-    let free: u64 = layout.iter().map(|s| s.free_bytes).sum();
-    let holes: u64 = layout.iter().map(|s| s.holes).sum();
-    let waste: u64 = layout.iter().map(|s| s.internal_waste_bytes).sum();
+    let reserved = sat_sum(layout.iter().map(|s| s.total_bytes));
+    let allocated = sat_sum(layout.iter().map(|s| s.allocated_bytes));
+    let requested = sat_sum(layout.iter().map(|s| s.requested_bytes));
+    let free = sat_sum(layout.iter().map(|s| s.free_bytes));
+    let holes = sat_sum(layout.iter().map(|s| s.holes));
+    let waste = sat_sum(layout.iter().map(|s| s.internal_waste_bytes));
 
     let geo = pack(&layout, &order, request);
 
@@ -726,7 +732,7 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
     let rows_bottom = rows.top.last().map_or(rows_top, |t| {
         t + rows.height
             + 8.0
-            + if focus_row == Some(geo.rows - 1) {
+            + if focus_row.is_some() && focus_row == geo.rows.checked_sub(1) {
                 extra
             } else {
                 0.0

@@ -259,7 +259,7 @@ fn stack_series(replay: &DeviceReplay, drawn: &[usize]) -> (Vec<Series>, Vec<(us
         });
         stack.push(i);
         offsets.push(total);
-        total += allocs[i].requested_bytes as i64;
+        total = total.saturating_add(bytes_i64(allocs[i].requested_bytes));
     }
     let mut drawn_total = vec![(0usize, total)];
     // (event, 0 = death / 1 = birth, allocation): deaths first at the same event.
@@ -275,7 +275,7 @@ fn stack_series(replay: &DeviceReplay, drawn: &[usize]) -> (Vec<Series>, Vec<(us
     events.sort_unstable();
     for (e, kind, i) in events {
         let k = e as usize + 1;
-        let size = allocs[i].requested_bytes as i64;
+        let size = bytes_i64(allocs[i].requested_bytes);
         if kind == 1 {
             slot[i] = series.len();
             series.push(Series {
@@ -285,7 +285,7 @@ fn stack_series(replay: &DeviceReplay, drawn: &[usize]) -> (Vec<Series>, Vec<(us
             });
             stack.push(i);
             offsets.push(total);
-            total += size;
+            total = total.saturating_add(size);
         } else if let Some(p) = stack.iter().position(|&s| s == i) {
             stack.remove(p);
             offsets.remove(p);
@@ -293,12 +293,12 @@ fn stack_series(replay: &DeviceReplay, drawn: &[usize]) -> (Vec<Series>, Vec<(us
                 s.end = k;
             }
             for q in p..stack.len() {
-                offsets[q] -= size;
+                offsets[q] = offsets[q].saturating_sub(size);
                 if let Some(s) = series.get_mut(slot[stack[q]]) {
                     s.changes.push((k, offsets[q]));
                 }
             }
-            total -= size;
+            total = total.saturating_sub(size);
         }
         match drawn_total.last_mut() {
             Some(last) if last.0 == k => last.1 = total,
@@ -306,6 +306,11 @@ fn stack_series(replay: &DeviceReplay, drawn: &[usize]) -> (Vec<Series>, Vec<(us
         }
     }
     (series, drawn_total)
+}
+
+/// Bytes as a signed level, saturating (hostile files can claim sizes beyond `i64::MAX`).
+fn bytes_i64(b: u64) -> i64 {
+    i64::try_from(b).unwrap_or(i64::MAX)
 }
 
 /// Column maxima of a level given per state (`level(k)` for k in 0..=n).
@@ -401,8 +406,8 @@ fn shapes(
                 xa = xb - 1.0;
             }
         }
-        let size = allocs[s.alloc].requested_bytes as i64;
-        let tops: Vec<f64> = best.iter().map(|&o| y.py(o + size)).collect();
+        let size = bytes_i64(allocs[s.alloc].requested_bytes);
+        let tops: Vec<f64> = best.iter().map(|&o| y.py(o.saturating_add(size))).collect();
         let bottoms: Vec<f64> = best.iter().map(|&o| y.py(o)).collect();
         let mut pts = step_edge(cols, xa, xb, c0, &tops);
         let mut bottom = step_edge(cols, xa, xb, c0, &bottoms);
@@ -541,7 +546,7 @@ fn panel(
         let a = &allocs[i];
         let key = colours.site(a).unwrap_or_else(|| svg::NO_STACK.to_owned());
         let g = by_site.entry(key).or_insert((0, 0, 0));
-        g.0 += a.requested_bytes;
+        g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
         g.2 = g.2.max(a.requested_bytes);
     }
@@ -654,7 +659,7 @@ fn panel(
     // Grid and y axis.
     let mut v = 0u64;
     while v <= ymax {
-        let py = y.py(v as i64);
+        let py = y.py(bytes_i64(v));
         let _ = writeln!(
             out,
             "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{GRID}\"/>",
@@ -677,7 +682,10 @@ fn panel(
         };
     }
     // x ticks.
-    let xstep = svg::nice_step(x.max, 10);
+    let xstep = match x.seconds {
+        Some(_) => svg::nice_step(x.max, 10),
+        None => svg::nice_step(x.max, 10).max(1.0),
+    };
     let mut i = 0u64;
     loop {
         let xv = i as f64 * xstep;
@@ -713,6 +721,8 @@ fn panel(
     }
     let xtitle = if x.seconds.is_some() {
         "seconds since the first trace entry"
+    } else if x.n == 0 {
+        "no trace events: the allocations of the dump"
     } else {
         "trace events (every alloc, free and segment entry is one step; before the first event at 0)"
     };
@@ -746,14 +756,46 @@ fn panel(
         out.push_str("<polygon points=\"");
         svg::points(&mut out, &sh.band);
         let _ = write!(out, "\" fill=\"{GREY}\" fill-opacity=\"0.85\">");
-        out.push_str(&svg::title(&[
+        let mut tip = vec![
             format!(
                 "{} smaller allocations summarized (each ≤ {})",
                 rest.len(),
                 format_bytes(largest_rest)
             ),
             "the band's upper edge is the total requested memory".to_owned(),
-        ]));
+        ];
+        // Who is in the band at the peak.
+        let mut at_peak: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+        for &i in &rest {
+            let a = &allocs[i];
+            if a.alive_after(peak_event) {
+                let key = colours
+                    .site(a)
+                    .unwrap_or_else(|| svg::origin_label(a).to_owned());
+                let g = at_peak.entry(key).or_insert((0, 0));
+                g.0 = g.0.saturating_add(a.requested_bytes);
+                g.1 += 1;
+            }
+        }
+        let mut at_peak: Vec<(String, (u64, u64))> = at_peak.into_iter().collect();
+        at_peak.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
+        if !at_peak.is_empty() {
+            tip.push("in the band at the peak, by call site:".to_owned());
+            for (site, (bytes, count)) in at_peak.iter().take(svg::STACK_LINES) {
+                tip.push(format!(
+                    "  {} in {count}: {}",
+                    format_bytes(*bytes),
+                    svg::cut_left(site, 100)
+                ));
+            }
+            if at_peak.len() > svg::STACK_LINES {
+                tip.push(format!(
+                    "  … {} more call sites",
+                    at_peak.len() - svg::STACK_LINES
+                ));
+            }
+        }
+        out.push_str(&svg::title(&tip));
         out.push_str("</polygon>\n");
     }
     // Reserved.
@@ -772,7 +814,7 @@ fn panel(
     // OOM marks.
     let mut last_label = f64::NEG_INFINITY;
     for &i in &ooms {
-        let e = &trace[i];
+        let e = &trace.at(i);
         let px = x.px(i + 1);
         let mut tip = vec![format!(
             "OOM at event {i}: a {} request failed",
@@ -786,9 +828,9 @@ fn panel(
             e.frames,
             "<no stack recorded>",
         ));
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "<line x1=\"{p}\" y1=\"{}\" x2=\"{p}\" y2=\"{}\" stroke=\"{RED}\" stroke-width=\"2\">{}</line>\n",
+            "<line x1=\"{p}\" y1=\"{}\" x2=\"{p}\" y2=\"{}\" stroke=\"{RED}\" stroke-width=\"2\">{}</line>",
             num(PLOT_TOP),
             num(bottom),
             svg::title(&tip),

@@ -115,7 +115,42 @@ pub struct DeviceReport {
     pub segments: Vec<SegmentReport>,
     pub fragmentation_at_peak: Fragmentation,
     pub fragmentation_at_end: Fragmentation,
+    /// Phases of the trace: load, forward, backward, optimizer, eval, unknown.
+    pub phases: Vec<crate::analysis::phase::PhaseInterval>,
+    /// Why phases are unknown, when they are.
+    pub phases_unknown_reason: Option<String>,
+    /// Requested bytes alive at the peak per category (all six names always present).
+    pub categories_at_peak: BTreeMap<String, u64>,
+    /// Requested bytes alive at the peak by the phase that allocated them.
+    pub phases_at_peak: BTreeMap<String, u64>,
+    /// Per training step: its peak and the level it started from.
+    pub steps: Vec<StepSummary>,
+    pub advice: Vec<Advice>,
     pub notes: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepSummary {
+    pub step: u32,
+    pub first_event: u32,
+    pub last_event: u32,
+    pub peak_requested_bytes: i64,
+    pub peak_event: u32,
+    /// Requested bytes alive when the step began.
+    pub start_requested_bytes: i64,
+    /// Growth of the starting level against the previous step (a leak suspect when it keeps
+    /// growing).
+    pub start_growth_bytes: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Advice {
+    pub action: String,
+    /// The figure behind it and the expected effect.
+    pub reason: String,
+    pub estimated_saving_bytes: Option<u64>,
+    /// When it would not help.
+    pub caveat: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -143,6 +178,9 @@ pub struct Peak {
     /// First event after which the peak is reached; null = already at window start.
     pub event_index: Option<u32>,
     pub time_us: Option<i64>,
+    /// Phase at the peak (`unknown` when it cannot be told).
+    pub phase: String,
+    pub step: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -165,6 +203,11 @@ pub struct LiveAllocation {
     pub age_events: Option<u32>,
     pub call_site: String,
     pub stream: u64,
+    /// Phase that allocated it (`unknown` before the window).
+    pub phase: String,
+    pub category: String,
+    /// `high` (phase seen in frames/annotations), `medium` (by position), `low` (a guess).
+    pub confidence: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -205,6 +248,7 @@ pub struct Oom {
     pub segment_type: String,
     pub stream: u64,
     pub verdict: String,
+    pub phase: String,
     pub call_site: Option<String>,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,
@@ -254,4 +298,217 @@ pub struct RankRow {
 pub struct RankTable {
     pub rows: Vec<RankRow>,
     pub median_peak_requested_bytes: i64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// `snapscan check`, `snapscan diff` and `snapscan merge` (CI workflow).
+
+/// The budgets `snapscan check` was given (null = not checked).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Budgets {
+    /// `--max-peak`: limit on the peak of requested bytes (`peak.requested_bytes`).
+    pub max_peak_bytes: Option<u64>,
+    /// `--max-reserved`: limit on the highest reserved bytes (`peak_reserved.bytes`, or the
+    /// dump's reserved bytes when higher).
+    pub max_reserved_bytes: Option<u64>,
+    /// `--max-fragmentation`: limit on the fragmentation ratio at the peak and at every OOM.
+    pub max_fragmentation_ratio: Option<f64>,
+    /// `--fail-on-oom`: any `oom` event is a violation.
+    pub fail_on_oom: bool,
+}
+
+/// Which budget a violation crossed; serialised as the command-line flag's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Budget {
+    MaxPeak,
+    MaxReserved,
+    MaxFragmentation,
+    FailOnOom,
+}
+
+impl Budget {
+    /// The flag's name, as in `--max-peak`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Budget::MaxPeak => "max-peak",
+            Budget::MaxReserved => "max-reserved",
+            Budget::MaxFragmentation => "max-fragmentation",
+            Budget::FailOnOom => "fail-on-oom",
+        }
+    }
+}
+
+/// A measured value or a limit: bytes and event counts are integers, ratios are floats.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Amount {
+    Int(i64),
+    Ratio(f64),
+}
+
+/// The moment of the trace a value was measured at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Moment {
+    /// The peak of requested bytes (or of reserved bytes for `max-reserved`).
+    Peak,
+    /// An `oom` event.
+    Oom,
+    /// The dump (end of the trace).
+    End,
+}
+
+/// One budget crossed on one device of one file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Violation {
+    pub path: String,
+    pub device: i64,
+    pub budget: Budget,
+    /// Bytes (`max-peak`, `max-reserved`), ratio (`max-fragmentation`) or number of `oom`
+    /// events (`fail-on-oom`).
+    pub measured: Amount,
+    /// The budget's limit (0 events for `fail-on-oom`).
+    pub limit: Amount,
+    pub at: Moment,
+    /// Trace event of that moment; null = window start or the dump.
+    pub event_index: Option<u32>,
+}
+
+/// What `snapscan check` measured on one device (whether or not a budget was given for it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckedDevice {
+    pub device: i64,
+    pub peak_requested_bytes: i64,
+    pub reserved_bytes: i64,
+    /// The worst fragmentation ratio of the peak and every OOM.
+    pub fragmentation_ratio: f64,
+    pub oom_events: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckedFile {
+    pub path: String,
+    pub devices: Vec<CheckedDevice>,
+}
+
+/// `snapscan check --format json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckReport {
+    pub schema_version: u32,
+    pub budgets: Budgets,
+    /// No violation (exit code 0).
+    pub passed: bool,
+    pub violations: Vec<Violation>,
+    pub files: Vec<CheckedFile>,
+}
+
+/// A figure in the base and the new run. `ratio` = delta / base (null when base is 0).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    pub base: i64,
+    pub new: i64,
+    pub delta: i64,
+    pub ratio: Option<f64>,
+}
+
+/// A ratio (fragmentation) in the base and the new run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RatioDelta {
+    pub base: f64,
+    pub new: f64,
+    pub delta: f64,
+}
+
+/// How one key of a breakdown (a call site, and any later breakdown) changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Change {
+    /// Only in the new run.
+    New,
+    /// Only in the base run.
+    Gone,
+    Grew,
+    Shrank,
+    Same,
+}
+
+/// Bytes of one key (call site, …) in both runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeyDelta {
+    pub key: String,
+    pub change: Change,
+    pub base_bytes: u64,
+    pub new_bytes: u64,
+    pub delta_bytes: i64,
+    /// Allocations behind the bytes; null for breakdowns that do not count them.
+    pub base_count: Option<u64>,
+    pub new_count: Option<u64>,
+}
+
+/// OOM events in both runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomDelta {
+    pub base: u64,
+    pub new: u64,
+    /// `appeared` (none in base, some in new), `disappeared`, `still` (both), `none` (neither).
+    pub change: String,
+    /// Verdict of the first OOM of the new run (or of the base run when it disappeared).
+    pub verdict: Option<String>,
+}
+
+/// One device compared across the two runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceDiff {
+    pub device: i64,
+    pub in_base: bool,
+    pub in_new: bool,
+    /// Peak of requested bytes.
+    pub peak: Delta,
+    pub peak_allocated: Delta,
+    pub peak_reserved: Delta,
+    /// Reserved bytes at the dump.
+    pub final_reserved: Delta,
+    pub fragmentation_at_peak: RatioDelta,
+    pub oom: OomDelta,
+    /// Phase at the peak in each run (`forward`, `backward`, `eval`, …; null = device absent).
+    pub peak_phase: TextChange,
+    /// Every call site alive at either peak whose bytes changed, largest growth first (new and
+    /// grown sites first, then shrunk and gone ones).
+    pub call_sites_at_peak: Vec<KeyDelta>,
+    /// Bytes alive at the peak by the phase that allocated them (`phases_at_peak`), same order.
+    pub phases_at_peak: Vec<KeyDelta>,
+    /// Bytes alive at the peak by category (`categories_at_peak`), same order.
+    pub categories_at_peak: Vec<KeyDelta>,
+}
+
+/// A label in the base and the new run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TextChange {
+    pub base: Option<String>,
+    pub new: Option<String>,
+}
+
+/// `snapscan diff --format json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DiffReport {
+    pub schema_version: u32,
+    pub base: String,
+    pub new: String,
+    pub devices: Vec<DeviceDiff>,
+    /// Largest peak growth of any device (delta / base); null when no device has a base peak.
+    pub peak_growth: Option<f64>,
+    /// `--fail-on-growth` as a fraction (0.05 = 5 %); null when not given.
+    pub fail_on_growth: Option<f64>,
+    /// The peak grew by more than `fail_on_growth` (exit code 1).
+    pub failed: bool,
+}
+
+/// `snapscan merge --format json`: the cross-rank table from JSON reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MergeReport {
+    pub schema_version: u32,
+    /// The JSON report files that were read.
+    pub inputs: Vec<String>,
+    pub ranks: RankTable,
 }

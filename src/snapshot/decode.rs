@@ -5,6 +5,7 @@ use rustc_hash::FxHashMap;
 
 use super::intern::{Frame, FrameId, Interner, StackId, TextId};
 use super::model::*;
+use super::trace::{Part, Trace};
 use crate::pickle::{DictId, Document, SeqId, StrId, Value};
 
 /// A schema error: where in the document, and what was wrong.
@@ -635,10 +636,12 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
         let devices = d.as_seq(tv, &|| "device_traces".to_owned())?;
         for (dev, trace) in devices.iter().enumerate() {
             let entries = d.as_seq(*trace, &|| format!("device_traces[{dev}]"))?;
-            let mut out = Vec::with_capacity(entries.len());
+            let mut part = Part::default();
             for (i, e) in entries.iter().enumerate() {
-                out.push(d.trace_entry(*e, &|| format!("device_traces[{dev}][{i}]"))?);
+                part.push(&d.trace_entry(*e, &|| format!("device_traces[{dev}][{i}]"))?);
             }
+            let mut out = Trace::new();
+            out.push_part(part);
             device_traces.push(out);
         }
     }

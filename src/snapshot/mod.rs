@@ -3,10 +3,12 @@
 mod decode;
 mod intern;
 mod model;
+mod trace;
 
 pub use decode::{decode, SchemaError};
 pub use intern::{Frame, FrameId, Interner, StackId, TextId};
 pub use model::*;
+pub use trace::{Iter as TraceIter, Trace};
 
 use std::path::Path;
 
@@ -34,10 +36,13 @@ pub struct LoadedSnapshot {
 /// Reads, decompresses, decodes and types one snapshot file (`-` = stdin).
 pub fn load(path: &Path) -> Result<LoadedSnapshot, LoadError> {
     let name = input::display_name(path);
-    let (bytes, compression) = input::read_input(path)?;
-    let doc = input::decode_document(&name, &bytes)?;
+    // Cleared when it goes out of scope, on success and on error.
+    let mut progress = crate::progress::Loading::new(&name);
+    let (bytes, compression) = input::read_input_with(path, &mut progress)?;
+    let doc = input::decode_document_with(&name, &bytes, &mut progress)?;
     let decoded_bytes = bytes.len() as u64;
     drop(bytes);
+    progress.phase("building the snapshot model", None);
     let snapshot = decode(&doc).map_err(|source| LoadError::Schema {
         file: name.clone(),
         source,

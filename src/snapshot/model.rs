@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::intern::{Interner, StackId, TextId};
+use super::trace::Trace;
 
 /// Which top-level shape the file had.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -144,8 +145,8 @@ impl Action {
     }
 }
 
-/// One entry of `device_traces[d]`.
-#[derive(Clone, Debug)]
+/// One entry of `device_traces[d]` (stored compactly in a [`Trace`], read back by value).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TraceEntry {
     pub action: Action,
     /// The raw action text when `action` is `Other`.
@@ -189,7 +190,7 @@ pub struct Snapshot {
     /// Every segment of every device, in file order.
     pub segments: Vec<Segment>,
     /// `device_traces[d]` = trace of device `d`, oldest first.
-    pub device_traces: Vec<Vec<TraceEntry>>,
+    pub device_traces: Vec<Trace>,
     pub allocator_settings: Option<AllocatorSettings>,
     pub annotations: Vec<Annotation>,
     pub interner: Interner,
@@ -207,12 +208,12 @@ impl Snapshot {
         devices
     }
 
-    pub fn trace(&self, device: i64) -> &[TraceEntry] {
+    pub fn trace(&self, device: i64) -> &Trace {
+        static EMPTY: Trace = Trace::EMPTY;
         usize::try_from(device)
             .ok()
             .and_then(|d| self.device_traces.get(d))
-            .map(|t| t.as_slice())
-            .unwrap_or(&[])
+            .unwrap_or(&EMPTY)
     }
 
     pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {
@@ -228,7 +229,6 @@ impl Snapshot {
             || self
                 .device_traces
                 .iter()
-                .flatten()
-                .any(|e| e.frames != empty)
+                .any(|t| t.iter().any(|e| e.frames != empty))
     }
 }

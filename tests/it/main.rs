@@ -4,6 +4,8 @@ mod analysis;
 mod cli;
 mod common;
 mod decode;
+mod diagnosis;
 mod explain;
 mod robustness;
 mod svg;
+mod workflow;

@@ -42,7 +42,7 @@ fn check_golden(name: &str, actual: &[u8]) {
             .lines()
             .zip(act.lines())
             .position(|(a, b)| a != b)
-            .map_or_else(|| exp.lines().count().min(act.lines().count()), |l| l);
+            .unwrap_or_else(|| exp.lines().count().min(act.lines().count()));
         panic!(
             "{name} differs from {} at line {} (actual written to {}); \
              if the change is intended, rerun with SNAPSCAN_BLESS=1",
@@ -413,4 +413,45 @@ fn svg_default_output_and_report_links() {
     }
     let md = std::fs::read_to_string(&report).expect("report");
     assert!(md.contains("(pics/timeline-train.svg)"), "{md}");
+}
+
+/// Pictures of damaged files: whatever loads is drawn without a panic.
+#[test]
+fn svg_mutated_inputs_never_panic() {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let data = std::fs::read(common::fixture("synth/tiny.pickle")).expect("tiny fixture");
+    let mut drawn = 0;
+    // Every 29th byte flipped, and a few cuts: a sample that keeps the test fast.
+    let mut mutants: Vec<Vec<u8>> = (0..data.len())
+        .step_by(29)
+        .map(|pos| {
+            let mut m = data.clone();
+            m[pos] ^= 0xff;
+            m
+        })
+        .collect();
+    mutants.extend((1..8).map(|k| data[..data.len() * k / 8].to_vec()));
+    for (i, bytes) in mutants.iter().enumerate() {
+        let Ok(snap) = snapscan::snapshot::load_bytes("mutant", bytes) else {
+            continue;
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            let t = svg_timeline::timeline("mutant", &snap, &TimelineOptions::default());
+            let s = svg_segments::segments("mutant", &snap, &SegmentsOptions::default());
+            let e = svg_segments::segments(
+                "mutant",
+                &snap,
+                &SegmentsOptions {
+                    device: None,
+                    at: At::End,
+                },
+            );
+            for svg in [t, s, e].into_iter().flatten() {
+                assert!(svg.starts_with(b"<?xml") && svg.len() < MAX_BYTES);
+            }
+        }));
+        assert!(result.is_ok(), "panic drawing mutant {i}");
+        drawn += 1;
+    }
+    assert!(drawn > 0, "no mutant loaded");
 }

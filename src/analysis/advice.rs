@@ -1,0 +1,157 @@
+//! What to change first, with the run's own numbers. Ordered by what helps most for the phase
+//! where the peak (or the OOM) happened. `torch.cuda.empty_cache()` is never a fix: it returns
+//! cached memory to the driver but cannot create a contiguous block or lower the peak.
+
+use crate::report::{Advice, DeviceReport};
+use crate::units::format_bytes;
+
+fn advice(action: &str, reason: String, saving: Option<u64>, caveat: &str) -> Advice {
+    Advice {
+        action: action.to_owned(),
+        reason,
+        estimated_saving_bytes: saving,
+        caveat: caveat.to_owned(),
+    }
+}
+
+fn cat(dev: &DeviceReport, name: &str) -> u64 {
+    dev.categories_at_peak.get(name).copied().unwrap_or(0)
+}
+
+/// Advice for one device, most useful first.
+pub fn advise(dev: &DeviceReport, expandable_on: Option<bool>, stacks_recorded: bool) -> Vec<Advice> {
+    let mut out = Vec::new();
+    let frag_oom = dev.oom.iter().find(|o| o.verdict == "fragmentation");
+    // The phase that matters: where the (first) OOM happened, else where the peak was.
+    let phase = dev
+        .oom
+        .first()
+        .map(|o| o.phase.as_str())
+        .unwrap_or(dev.peak.phase.as_str());
+    let peak = dev.peak.requested_bytes.max(0) as u64;
+    // Say which event the advice is about.
+    let moment = if dev.oom.is_empty() { "the peak is" } else { "memory ran out" };
+
+    if let Some(o) = frag_oom {
+        if expandable_on != Some(true) {
+            out.push(advice(
+                "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before torch 2.9)",
+                format!(
+                    "the OOM was fragmentation: {} reserved but unallocated, yet no hole of {} on its stream; expandable segments map pages into one growing range, so freed space can be reused for large requests",
+                    format_bytes(o.reserved_unallocated_bytes),
+                    format_bytes(o.requested_bytes)
+                ),
+                Some(o.reserved_unallocated_bytes),
+                "does not help when the peak itself exceeds the device; not available with cudaMallocAsync or in CUDA-graph private pools",
+            ));
+        }
+        out.push(advice(
+            "Or set PYTORCH_ALLOC_CONF=max_split_size_mb:<size> (e.g. 128)",
+            format!(
+                "keeps large cached blocks from being split for small requests; the largest hole was only {}",
+                format_bytes(o.largest_free_block_bytes)
+            ),
+            None,
+            "can raise the number of cudaMalloc calls; pick a size above your typical large tensor",
+        ));
+    }
+
+    let activations = cat(dev, "activations");
+    let weights = cat(dev, "weights");
+    let optimizer_state = cat(dev, "optimizer_state");
+    let gradients = cat(dev, "gradients");
+    match phase {
+        "load" => {
+            if weights > 0 {
+                out.push(advice(
+                    "Load the weights in lower precision: bf16/fp16, or 8-bit / 4-bit quantisation (bitsandbytes), or spread them with device_map=\"auto\"",
+                    format!(
+                        "{moment} in model loading and weights hold {} — about {:.1} billion parameters if they are stored in 16-bit; the same parameters take {} in fp32, {} in bf16/fp16, {} in 8-bit and {} in 4-bit",
+                        format_bytes(weights),
+                        weights as f64 / 2.0 / 1e9,
+                        format_bytes(weights * 2),
+                        format_bytes(weights),
+                        format_bytes(weights / 2),
+                        format_bytes(weights / 4)
+                    ),
+                    Some(weights / 2),
+                    "quantisation changes numerics; a model that does not fit even in 4-bit needs more devices (device_map, tensor parallelism)",
+                ));
+            }
+        }
+        "forward" => out.push(advice(
+            "Reduce the batch size (down to 1) or the sequence/context length, and use gradient accumulation to keep the effective batch",
+            format!(
+                "{moment} in the forward pass, where activations hold {} ({:.0}% of the peak); they grow linearly with batch × length, so halving the batch saves about {}",
+                format_bytes(activations),
+                100.0 * activations as f64 / peak.max(1) as f64,
+                format_bytes(activations / 2)
+            ),
+            Some(activations / 2),
+            "does not help if weights and optimizer state alone fill the device",
+        )),
+        "backward" => out.push(advice(
+            "Enable activation checkpointing (torch.utils.checkpoint, or model.gradient_checkpointing_enable())",
+            format!(
+                "{moment} in the backward pass while {} of saved activations ({:.0}% of the peak) are still alive; checkpointing keeps only layer inputs and recomputes the rest",
+                format_bytes(activations),
+                100.0 * activations as f64 / peak.max(1) as f64
+            ),
+            Some(activations / 2),
+            "costs roughly one extra forward pass of compute; a smaller batch has the same effect without the recompute",
+        )),
+        "optimizer" => {
+            if optimizer_state > 0 {
+                out.push(advice(
+                    "Use an 8-bit optimizer (e.g. bitsandbytes AdamW8bit) or shard the optimizer state (ZeRO / FSDP)",
+                    format!(
+                        "{moment} in the optimizer step; optimizer state holds {} (Adam keeps two values per parameter) — 8-bit state saves about ¾ of it ({}), sharding over N devices saves (N−1)/N",
+                        format_bytes(optimizer_state),
+                        format_bytes(optimizer_state / 4 * 3)
+                    ),
+                    Some(optimizer_state / 4 * 3),
+                    "8-bit optimizers can change convergence slightly; sharding needs several devices",
+                ));
+            }
+            if gradients > 0 {
+                out.push(advice(
+                    "Free gradients early: optimizer.zero_grad(set_to_none=True), or fuse the step into backward",
+                    format!("gradients hold {} at the peak", format_bytes(gradients)),
+                    None,
+                    "set_to_none is the default since torch 2.0",
+                ));
+            }
+        }
+        "eval" => out.push(advice(
+            "Use a smaller eval batch, a shorter generation length, or compute logits/loss in chunks",
+            format!(
+                "{moment} in evaluation: activations such as logits hold {} ({:.0}% of the peak); logits grow with batch × length × vocabulary",
+                format_bytes(activations),
+                100.0 * activations as f64 / peak.max(1) as f64
+            ),
+            Some(activations / 2),
+            "training settings do not matter here: only the eval loop's shapes do",
+        )),
+        _ => {}
+    }
+    if dev.truncated {
+        out.push(advice(
+            "Record more history: torch.cuda.memory._record_memory_history(max_entries=…) larger than now",
+            format!(
+                "the trace starts mid-run ({} frees of earlier allocations), so what happened before the window is only partly known",
+                dev.window.unmatched_frees
+            ),
+            None,
+            "each entry costs host memory while recording (hundreds of bytes with stacks)",
+        ));
+    }
+    if !stacks_recorded && dev.window.events > 0 {
+        out.push(advice(
+            "Record stacks: torch.cuda.memory._record_memory_history(stacks=\"python\") (or \"all\" for C++ frames)",
+            "no frames were recorded, so call sites and phases cannot be told".to_owned(),
+            None,
+            "\"all\" makes dumps much slower to write",
+        ));
+    }
+    out
+}

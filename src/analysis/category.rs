@@ -1,0 +1,154 @@
+//! What kind of memory an allocation is: weights, activations, gradients, optimizer state,
+//! temporaries — from the phase of its birth and death, its lifetime across phases, and frames.
+//!
+//! Rules (design.md §4): born in load → weights; born in forward and alive past that forward →
+//! activations, freed inside it → temporary; born in backward and alive past it → gradients,
+//! freed inside it → temporary; born in the optimizer step and alive past it → optimizer state,
+//! freed inside it → temporary. Inference (a forward with no backward after it) holds KV caches
+//! and hidden states: activations. Eval: large allocations (≥ 1 % of the peak, e.g. logits) are
+//! activations, small ones temporaries. Allocations made before the window are judged by their
+//! recorded stack, else by the phase that frees them.
+
+use serde::{Deserialize, Serialize};
+
+use super::phase::{phase_from_frames, Phase, Phases, Source};
+use super::replay::{Allocation, Origin};
+use crate::snapshot::Interner;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    Weights,
+    Activations,
+    Gradients,
+    OptimizerState,
+    Temporary,
+    Unknown,
+}
+
+impl Category {
+    pub const ALL: [Category; 6] = [
+        Category::Weights,
+        Category::Activations,
+        Category::Gradients,
+        Category::OptimizerState,
+        Category::Temporary,
+        Category::Unknown,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Weights => "weights",
+            Category::Activations => "activations",
+            Category::Gradients => "gradients",
+            Category::OptimizerState => "optimizer_state",
+            Category::Temporary => "temporary",
+            Category::Unknown => "unknown",
+        }
+    }
+}
+
+/// How sure the attribution is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Confidence {
+    /// The phase of birth was seen in frames, annotations or metadata.
+    High,
+    /// Inferred by position (frameless allocations, events between seen ones).
+    Medium,
+    /// A fallback guess.
+    Low,
+}
+
+/// Context shared by all allocations of one device.
+pub struct Categorizer<'a> {
+    pub phases: &'a Phases,
+    pub interner: &'a Interner,
+    /// Requested bytes at the peak (for the eval size rule).
+    pub peak_bytes: i64,
+}
+
+impl Categorizer<'_> {
+    /// Is the forward interval containing `event` followed by a backward (training)?
+    fn forward_is_training(&self, event: u32) -> bool {
+        let Some(i) = self.phases.interval_of(event) else {
+            return false;
+        };
+        self.phases.intervals[i + 1..]
+            .iter()
+            .find(|iv| iv.name != Phase::Unknown)
+            .is_some_and(|iv| iv.name == Phase::Backward)
+            || self.phases.intervals[i].name == Phase::Backward
+    }
+
+    fn same_interval(&self, a: u32, b: u32) -> bool {
+        match (self.phases.interval_of(a), self.phases.interval_of(b)) {
+            (Some(x), Some(y)) => x == y,
+            _ => false,
+        }
+    }
+
+    pub fn categorize(&self, a: &Allocation) -> (Category, Confidence) {
+        let Some(born) = a.alloc_event else {
+            return self.before_window(a);
+        };
+        let phase = self.phases.at(Some(born));
+        let confidence = match self.phases.source_at(Some(born)) {
+            Source::Annotation | Source::UserMetadata | Source::Frames => Confidence::High,
+            Source::Position => Confidence::Medium,
+            Source::None => Confidence::Low,
+        };
+        let freed_inside = a.free_event.is_some_and(|d| self.same_interval(born, d));
+        let category = match phase {
+            Phase::Load => Category::Weights,
+            Phase::Forward if !self.forward_is_training(born) => Category::Activations,
+            Phase::Forward if freed_inside => Category::Temporary,
+            Phase::Forward => Category::Activations,
+            Phase::Backward if freed_inside => Category::Temporary,
+            Phase::Backward => Category::Gradients,
+            Phase::Optimizer if freed_inside => Category::Temporary,
+            Phase::Optimizer => Category::OptimizerState,
+            Phase::Eval => {
+                if (a.requested_bytes as f64) >= 0.01 * self.peak_bytes.max(0) as f64 {
+                    Category::Activations
+                } else {
+                    Category::Temporary
+                }
+            }
+            Phase::Unknown => Category::Unknown,
+        };
+        (category, confidence)
+    }
+
+    fn before_window(&self, a: &Allocation) -> (Category, Confidence) {
+        // The recorded stack: the allocation's own for blocks still allocated at the dump, the
+        // free's (or a copy of the allocation's) for those freed in the window.
+        if a.origin == Origin::Ghost {
+            if let Some(p) = phase_from_frames(self.interner, a.stack) {
+                let c = match p {
+                    Phase::Load => Category::Weights,
+                    Phase::Optimizer => Category::OptimizerState,
+                    Phase::Forward | Phase::Eval => Category::Activations,
+                    Phase::Backward => Category::Gradients,
+                    Phase::Unknown => Category::Unknown,
+                };
+                return (c, Confidence::High);
+            }
+        }
+        let free_site = phase_from_frames(self.interner, a.stack);
+        match a.free_event.map(|d| self.phases.at(Some(d))) {
+            // Saved for backward and released by it.
+            Some(Phase::Backward) => (Category::Activations, Confidence::Medium),
+            // Released by zero_grad / the optimizer's own code: gradients.
+            Some(Phase::Optimizer) if free_site == Some(Phase::Optimizer) => {
+                (Category::Gradients, Confidence::Medium)
+            }
+            // Released by the user's step code at the end of the step (loss, logits, inputs).
+            Some(Phase::Optimizer) if a.stack != crate::snapshot::StackId::EMPTY => {
+                (Category::Activations, Confidence::Low)
+            }
+            Some(Phase::Optimizer) => (Category::Gradients, Confidence::Low),
+            _ => (Category::Unknown, Confidence::Low),
+        }
+    }
+}

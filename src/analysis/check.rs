@@ -1,0 +1,206 @@
+//! `snapscan check`: memory budgets for CI, as a pure function from a [`Report`] to the
+//! violations.
+//!
+//! What each budget measures, per device of each file:
+//! * `max-peak`: the peak of requested bytes (`peak.requested_bytes`, the headline peak of the
+//!   report: what tensors asked for, including the level at the start of the trace window).
+//! * `max-reserved`: the highest reserved bytes (`peak_reserved.bytes`, the peak of segment bytes
+//!   held by the caching allocator over the trace; the dump's reserved bytes when higher).
+//! * `max-fragmentation`: the fragmentation ratio `1 − largest free hole / free bytes` of the
+//!   reserved segments (0 = all cached free memory in one hole, towards 1 = scattered in many small
+//!   holes; 0 when nothing is free), taken at the peak (`fragmentation_at_peak`) and at every OOM
+//!   (from the segment layout recorded with the OOM); the worst of these moments is compared.
+//! * `fail-on-oom`: any `oom` event in the trace.
+
+use crate::report::{
+    Amount, Budget, Budgets, CheckReport, CheckedDevice, CheckedFile, DeviceReport, Moment, Report,
+    SegmentReport, Violation, SCHEMA_VERSION,
+};
+
+/// The fragmentation ratio of a segment layout (the same formula as `fragmentation_at_peak`).
+pub fn fragmentation_ratio(segments: &[SegmentReport]) -> f64 {
+    let free: u64 = segments.iter().map(|s| s.free_bytes).sum();
+    let largest = segments
+        .iter()
+        .map(|s| s.largest_hole_bytes)
+        .max()
+        .unwrap_or(0);
+    if free > 0 {
+        1.0 - largest as f64 / free as f64
+    } else {
+        0.0
+    }
+}
+
+/// The worst fragmentation of a device: at the peak and at every OOM, with where it was.
+fn worst_fragmentation(dev: &DeviceReport) -> (f64, Moment, Option<u32>) {
+    let mut worst = (
+        dev.fragmentation_at_peak.fragmentation_ratio,
+        Moment::Peak,
+        dev.peak.event_index,
+    );
+    for o in &dev.oom {
+        let r = fragmentation_ratio(&o.segments);
+        if r > worst.0 {
+            worst = (r, Moment::Oom, Some(o.event_index));
+        }
+    }
+    worst
+}
+
+/// The highest reserved bytes of a device and when.
+fn highest_reserved(dev: &DeviceReport) -> (i64, Moment, Option<u32>) {
+    let at_end = i64::try_from(dev.final_state.reserved_bytes).unwrap_or(i64::MAX);
+    if at_end > dev.peak_reserved.bytes {
+        (at_end, Moment::End, None)
+    } else {
+        (
+            dev.peak_reserved.bytes,
+            Moment::Peak,
+            dev.peak_reserved.event_index,
+        )
+    }
+}
+
+fn bytes_amount(b: u64) -> Amount {
+    Amount::Int(i64::try_from(b).unwrap_or(i64::MAX))
+}
+
+/// Compares every device of every file with the budgets.
+pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
+    let mut violations = Vec::new();
+    let mut files = Vec::with_capacity(report.files.len());
+    for file in &report.files {
+        let mut devices = Vec::with_capacity(file.devices.len());
+        for dev in &file.devices {
+            let violation = |budget, measured, limit, at, event_index| Violation {
+                path: file.path.clone(),
+                device: dev.device,
+                budget,
+                measured,
+                limit,
+                at,
+                event_index,
+            };
+            let peak = dev.peak.requested_bytes;
+            if let Some(limit) = budgets.max_peak_bytes {
+                if i128::from(peak) > i128::from(limit) {
+                    violations.push(violation(
+                        Budget::MaxPeak,
+                        Amount::Int(peak),
+                        bytes_amount(limit),
+                        Moment::Peak,
+                        dev.peak.event_index,
+                    ));
+                }
+            }
+            let (reserved, reserved_at, reserved_event) = highest_reserved(dev);
+            if let Some(limit) = budgets.max_reserved_bytes {
+                if i128::from(reserved) > i128::from(limit) {
+                    violations.push(violation(
+                        Budget::MaxReserved,
+                        Amount::Int(reserved),
+                        bytes_amount(limit),
+                        reserved_at,
+                        reserved_event,
+                    ));
+                }
+            }
+            let (ratio, ratio_at, ratio_event) = worst_fragmentation(dev);
+            if let Some(limit) = budgets.max_fragmentation_ratio {
+                if ratio > limit {
+                    violations.push(violation(
+                        Budget::MaxFragmentation,
+                        Amount::Ratio(ratio),
+                        Amount::Ratio(limit),
+                        ratio_at,
+                        ratio_event,
+                    ));
+                }
+            }
+            if budgets.fail_on_oom {
+                if let Some(first) = dev.oom.first() {
+                    violations.push(violation(
+                        Budget::FailOnOom,
+                        Amount::Int(dev.oom.len() as i64),
+                        Amount::Int(0),
+                        Moment::Oom,
+                        Some(first.event_index),
+                    ));
+                }
+            }
+            devices.push(CheckedDevice {
+                device: dev.device,
+                peak_requested_bytes: peak,
+                reserved_bytes: reserved,
+                fragmentation_ratio: ratio,
+                oom_events: dev.oom.len() as u64,
+            });
+        }
+        files.push(CheckedFile {
+            path: file.path.clone(),
+            devices,
+        });
+    }
+    CheckReport {
+        schema_version: SCHEMA_VERSION,
+        budgets: budgets.clone(),
+        passed: violations.is_empty(),
+        violations,
+        files,
+    }
+}
+
+/// Parses a fragmentation ratio: a fraction in [0, 1] (`0.5`) or a percentage (`50%`).
+pub fn parse_ratio(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let value = match t.strip_suffix('%') {
+        Some(p) => p
+            .trim()
+            .parse::<f64>()
+            .map(|v| v / 100.0)
+            .map_err(|_| format!("`{text}` is not a percentage (examples: 50%, 0.5)"))?,
+        None => t
+            .parse::<f64>()
+            .map_err(|_| format!("`{text}` is not a ratio (examples: 0.5, 50%)"))?,
+    };
+    if !(0.0..=1.0).contains(&value) {
+        return Err(format!(
+            "`{text}` is outside 0..1 (the ratio is 1 − largest hole / free bytes)"
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_parse_as_fractions_or_percentages() {
+        assert_eq!(parse_ratio("0.5"), Ok(0.5));
+        assert_eq!(parse_ratio("25%"), Ok(0.25));
+        assert!(parse_ratio("1.5").is_err());
+        assert!(parse_ratio("lots").is_err());
+    }
+
+    #[test]
+    fn ratio_of_a_layout() {
+        let seg = |free, largest| SegmentReport {
+            address: 0,
+            total_bytes: 100,
+            allocated_bytes: 100 - free,
+            holes: 1,
+            largest_hole_bytes: largest,
+            free_bytes: free,
+            internal_waste_bytes: 0,
+            stream: 0,
+            pool: None,
+            segment_type: "large".into(),
+            expandable: false,
+        };
+        assert_eq!(fragmentation_ratio(&[]), 0.0);
+        assert_eq!(fragmentation_ratio(&[seg(40, 40)]), 0.0);
+        assert!((fragmentation_ratio(&[seg(40, 10), seg(60, 30)]) - 0.7).abs() < 1e-12);
+    }
+}

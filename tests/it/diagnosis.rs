@@ -1,0 +1,161 @@
+//! Phases, categories and advice against the simulator's truth and on real training snapshots.
+
+use snapscan::analysis::report::{file_report, ReportOptions};
+use snapscan::report::{DeviceReport, FileReport};
+use snapscan::snapshot;
+
+use crate::common;
+
+fn report_of(rel: &str) -> FileReport {
+    let loaded = snapshot::load(&common::fixture(rel)).unwrap_or_else(|e| panic!("{e}"));
+    file_report(&loaded, &ReportOptions::default())
+}
+
+fn truth(rel: &str) -> serde_json::Value {
+    let p = common::fixture(rel).to_string_lossy().replace(".pickle", ".truth.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+#[test]
+fn phase_of_the_peak_and_of_each_oom_and_categories_match_the_truth() {
+    for rel in [
+        "synth/train.pickle",
+        "synth/train-oom-forward.pickle",
+        "synth/train-oom-backward.pickle",
+        "synth/train-oom-expandable.pickle",
+        "synth/eval-peak.pickle",
+        "synth/load-oom.pickle",
+        "synth/load-oom-2dev.pickle",
+        "synth/fragmented.pickle",
+        "synth/multi-stream.pickle",
+        "synth/truncated.pickle",
+        "synth/truncated-stacks-all.pickle",
+    ] {
+        let t = truth(rel);
+        for dev in &report_of(rel).devices {
+            let td = &t["devices"][dev.device.to_string()];
+            assert_eq!(dev.peak.phase, td["peak_requested_phase"].as_str().unwrap(), "{rel}");
+            let oom_phases: Vec<&str> = dev.oom.iter().map(|o| o.phase.as_str()).collect();
+            let truth_phases: Vec<&str> =
+                td["oom"].as_array().unwrap().iter().map(|o| o["phase"].as_str().unwrap()).collect();
+            assert_eq!(oom_phases, truth_phases, "{rel}");
+            // Bytes per category at the peak within 5 % of the peak.
+            let mut want = std::collections::BTreeMap::<String, u64>::new();
+            for a in td["live_at_peak"].as_array().unwrap() {
+                *want.entry(a["category"].as_str().unwrap().to_owned()).or_default() +=
+                    a["requested_bytes"].as_u64().unwrap();
+            }
+            let total = dev.peak.requested_bytes as f64;
+            for (name, got) in &dev.categories_at_peak {
+                let w = want.get(name).copied().unwrap_or(0);
+                let err = (*got as f64 - w as f64).abs() / total;
+                assert!(err <= 0.05, "{rel}: {name} {got} vs truth {w} ({:.1}%)", err * 100.0);
+            }
+            // Every category name is present in the JSON map.
+            assert_eq!(dev.categories_at_peak.len(), 6, "{rel}");
+        }
+    }
+}
+
+#[test]
+fn the_training_step_repeats_and_is_numbered() {
+    let dev = &report_of("synth/train.pickle").devices[0];
+    let names: Vec<&str> = dev.phases.iter().map(|p| p.name.name()).collect();
+    assert_eq!(names[0], "load");
+    assert_eq!(&names[1..4], ["forward", "backward", "optimizer"]);
+    assert_eq!(dev.steps.len(), 4);
+    assert_eq!(dev.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    // Truth intervals, allowing a one-event difference at a boundary (frees carry no evidence).
+    let t = truth("synth/train.pickle");
+    for (ours, theirs) in dev.phases.iter().zip(t["devices"]["0"]["phases"].as_array().unwrap()) {
+        assert_eq!(ours.name.name(), theirs["name"].as_str().unwrap());
+        assert_eq!(ours.step.map(|s| s as u64), theirs["step"].as_u64());
+        let first = theirs["first_event"].as_u64().unwrap() as i64;
+        assert!((ours.first_event as i64 - first).abs() <= 1, "{ours:?} vs {theirs}");
+    }
+}
+
+fn phase_names(dev: &DeviceReport) -> Vec<(&str, &str)> {
+    dev.phases
+        .iter()
+        .map(|p| {
+            (
+                p.name.name(),
+                match p.source {
+                    snapscan::analysis::phase::Source::Annotation => "annotation",
+                    snapscan::analysis::phase::Source::UserMetadata => "user_metadata",
+                    snapscan::analysis::phase::Source::Frames => "frames",
+                    snapscan::analysis::phase::Source::Position => "position",
+                    snapscan::analysis::phase::Source::None => "none",
+                },
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
+    let w = report_of("real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle");
+    assert_eq!(
+        phase_names(&w.devices[0]),
+        [("forward", "frames"), ("backward", "frames"), ("optimizer", "annotation")]
+    );
+    let n = report_of("real/notHanmin__assignment2-systems__memory_snapshot.pickle");
+    assert_eq!(
+        phase_names(&n.devices[0]),
+        [
+            ("forward", "frames"),
+            ("optimizer", "annotation"), // zero_grad
+            ("backward", "frames"),
+            ("optimizer", "annotation")
+        ]
+    );
+    let m = report_of("real/MAGMA27__assignment2-systems__memory_snapshot.pickle");
+    assert_eq!(phase_names(&m.devices[0]), [("forward", "frames"), ("backward", "frames")]);
+    assert_eq!(m.devices[0].peak.phase, "forward");
+}
+
+#[test]
+fn snapshots_without_a_trace_say_why_phases_are_unknown() {
+    for rel in [
+        "real/ZijianDu__Attention__memory.pickle",
+        "real/volcengine__verl__mem_mempools.pickle",
+    ] {
+        let dev = &report_of(rel).devices[0];
+        assert_eq!(dev.peak.phase, "unknown");
+        let reason = dev.phases_unknown_reason.as_deref().unwrap();
+        assert!(reason.contains("no trace was recorded"), "{rel}: {reason}");
+    }
+    let none = &report_of("synth/graphs-stacks-none.pickle").devices[0];
+    assert!(none.phases_unknown_reason.as_deref().unwrap().contains("no stacks"));
+}
+
+#[test]
+fn advice_is_tied_to_the_phase_and_never_offers_empty_cache() {
+    let frag = &report_of("synth/fragmented.pickle").devices[0];
+    assert!(frag.advice[0].action.contains("expandable_segments:True"));
+    assert_eq!(
+        frag.advice[0].estimated_saving_bytes,
+        Some(frag.oom[0].reserved_unallocated_bytes)
+    );
+    let load = &report_of("synth/load-oom.pickle").devices[0];
+    assert!(load.advice[0].action.contains("lower precision"));
+    let weights = load.categories_at_peak["weights"];
+    assert!(load.advice[0].reason.contains(&snapscan::units::format_bytes(weights)));
+    let fwd = &report_of("synth/train-oom-forward.pickle").devices[0];
+    assert!(fwd.advice[0].action.contains("batch size"));
+    let bwd = &report_of("synth/train-oom-backward.pickle").devices[0];
+    assert!(bwd.advice[0].action.contains("activation checkpointing"));
+    let eval = &report_of("synth/eval-peak.pickle").devices[0];
+    assert!(eval.advice[0].action.contains("eval batch"));
+    let trunc = &report_of("synth/truncated.pickle").devices[0];
+    assert!(trunc.advice.iter().any(|a| a.action.contains("max_entries")));
+    for rel in ["synth/fragmented.pickle", "synth/train.pickle", "synth/load-oom.pickle"] {
+        for dev in &report_of(rel).devices {
+            for a in &dev.advice {
+                assert!(!a.action.contains("empty_cache"), "{rel}: {a:?}");
+                assert!(!a.caveat.is_empty() && !a.reason.is_empty());
+            }
+        }
+    }
+}
