@@ -141,7 +141,9 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
             "generate" | "evaluate" | "eval_step" | "evaluation_loop" | "validation_step"
                 | "prediction_step" | "predict" | "sample" | "_sample" | "greedy_search"
                 | "beam_search" | "run_eval" | "eval_loop" | "validate"
-        ) {
+        ) || file.contains("transformers/cache_utils")
+        {
+            // KV caches (transformers' cache_utils) exist for generation.
             eval = true;
         }
         // Inference servers name their forward passes prefill/decode.
