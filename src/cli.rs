@@ -267,10 +267,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 device,
                 ..Default::default()
             };
-            let reports: Vec<_> = loaded
-                .par_iter()
-                .map(|l| report_of(l, &options))
-                .collect();
+            let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
             let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
             let report = crate::report::Report {
                 schema_version: SCHEMA_VERSION,
@@ -570,10 +567,7 @@ fn analyse(files: &[PathBuf], device: Option<i64>) -> Result<crate::report::Repo
         device,
         ..Default::default()
     };
-    let reports: Vec<_> = loaded
-        .par_iter()
-        .map(|l| report_of(l, &options))
-        .collect();
+    let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
     Ok(crate::report::Report {
         schema_version: SCHEMA_VERSION,
         files: reports,

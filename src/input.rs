@@ -279,8 +279,8 @@ fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
         require_literal_leading_dot: true,
     };
     let mut out = Vec::new();
-    for entry in glob::glob_with(&text, options)
-        .map_err(|e| err(format!("invalid pattern: {e}")))?
+    for entry in
+        glob::glob_with(&text, options).map_err(|e| err(format!("invalid pattern: {e}")))?
     {
         out.push(entry.map_err(|e| InputError::Io {
             path: e.path().display().to_string(),

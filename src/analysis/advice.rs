@@ -19,7 +19,11 @@ fn cat(dev: &DeviceReport, name: &str) -> u64 {
 }
 
 /// Advice for one device, most useful first.
-pub fn advise(dev: &DeviceReport, expandable_on: Option<bool>, stacks_recorded: bool) -> Vec<Advice> {
+pub fn advise(
+    dev: &DeviceReport,
+    expandable_on: Option<bool>,
+    stacks_recorded: bool,
+) -> Vec<Advice> {
     let mut out = Vec::new();
     let frag_oom = dev.oom.iter().find(|o| o.verdict == "fragmentation");
     // The phase that matters: where the (first) OOM happened, else where the peak was.
@@ -30,7 +34,11 @@ pub fn advise(dev: &DeviceReport, expandable_on: Option<bool>, stacks_recorded: 
         .unwrap_or(dev.peak.phase.as_str());
     let peak = dev.peak.requested_bytes.max(0) as u64;
     // Say which event the advice is about.
-    let moment = if dev.oom.is_empty() { "the peak is" } else { "memory ran out" };
+    let moment = if dev.oom.is_empty() {
+        "the peak is"
+    } else {
+        "memory ran out"
+    };
 
     if let Some(o) = frag_oom {
         if expandable_on != Some(true) {
@@ -61,8 +69,7 @@ pub fn advise(dev: &DeviceReport, expandable_on: Option<bool>, stacks_recorded: 
     let optimizer_state = cat(dev, "optimizer_state");
     let gradients = cat(dev, "gradients");
     match phase {
-        "load" => {
-            if weights > 0 {
+        "load" if weights > 0 => {
                 out.push(advice(
                     "Load the weights in lower precision: bf16/fp16, or 8-bit / 4-bit quantisation (bitsandbytes), or spread them with device_map=\"auto\"",
                     format!(
@@ -77,7 +84,6 @@ pub fn advise(dev: &DeviceReport, expandable_on: Option<bool>, stacks_recorded: 
                     Some(weights / 2),
                     "quantisation changes numerics; a model that does not fit even in 4-bit needs more devices (device_map, tensor parallelism)",
                 ));
-            }
         }
         "forward" => out.push(advice(
             "Reduce the batch size (down to 1) or the sequence/context length, and use gradient accumulation to keep the effective batch",

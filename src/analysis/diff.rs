@@ -127,10 +127,8 @@ fn oom_delta(base: Option<&DeviceReport>, new: Option<&DeviceReport>) -> OomDelt
         (_, 0) => "disappeared",
         _ => "still",
     };
-    let first_verdict = |d: Option<&DeviceReport>| {
-        d.and_then(|d| d.oom.first())
-            .map(|o| o.verdict.clone())
-    };
+    let first_verdict =
+        |d: Option<&DeviceReport>| d.and_then(|d| d.oom.first()).map(|o| o.verdict.clone());
     OomDelta {
         base: b,
         new: n,
@@ -141,7 +139,8 @@ fn oom_delta(base: Option<&DeviceReport>, new: Option<&DeviceReport>) -> OomDelt
 
 fn device_diff(device: i64, base: Option<&DeviceReport>, new: Option<&DeviceReport>) -> DeviceDiff {
     let fig = |f: &dyn Fn(&DeviceReport) -> i64| delta(base.map_or(0, f), new.map_or(0, f));
-    let frag = |d: Option<&DeviceReport>| d.map_or(0.0, |d| d.fragmentation_at_peak.fragmentation_ratio);
+    let frag =
+        |d: Option<&DeviceReport>| d.map_or(0.0, |d| d.fragmentation_at_peak.fragmentation_ratio);
     DeviceDiff {
         device,
         in_base: base.is_some(),

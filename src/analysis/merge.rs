@@ -50,16 +50,12 @@ pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
         }
         None => {
             return Err(err(
-                "no schema_version: not a report written by `snapscan report --format json`"
-                    .into(),
+                "no schema_version: not a report written by `snapscan report --format json`".into(),
             ))
         }
     }
-    let report: Report = serde_json::from_value(value).map_err(|e| {
-        err(format!(
-            "not a `snapscan report --format json` output: {e}"
-        ))
-    })?;
+    let report: Report = serde_json::from_value(value)
+        .map_err(|e| err(format!("not a `snapscan report --format json` output: {e}")))?;
     Ok(report.files)
 }
 

@@ -71,14 +71,22 @@ pub struct Phases {
 impl Phases {
     pub fn at(&self, event: Option<u32>) -> Phase {
         match event {
-            Some(e) => self.per_event.get(e as usize).copied().unwrap_or(Phase::Unknown),
+            Some(e) => self
+                .per_event
+                .get(e as usize)
+                .copied()
+                .unwrap_or(Phase::Unknown),
             None => Phase::Unknown,
         }
     }
 
     pub fn source_at(&self, event: Option<u32>) -> Source {
         match event {
-            Some(e) => self.source_per_event.get(e as usize).copied().unwrap_or(Source::None),
+            Some(e) => self
+                .source_per_event
+                .get(e as usize)
+                .copied()
+                .unwrap_or(Source::None),
             None => Source::None,
         }
     }
@@ -128,26 +136,48 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
         }
         if matches!(
             name,
-            "from_pretrained" | "load_state_dict" | "_load_from_state_dict" | "load_checkpoint"
-                | "load_model" | "_load_state_dict_into_meta_model" | "dispatch_model"
+            "from_pretrained"
+                | "load_state_dict"
+                | "_load_from_state_dict"
+                | "load_checkpoint"
+                | "load_model"
+                | "_load_state_dict_into_meta_model"
+                | "dispatch_model"
         ) || file.contains("torch/serialization.py")
             || (file.contains("torch/nn/modules/module.py")
-                && matches!(name, "to" | "cuda" | "_apply" | "convert" | "half" | "bfloat16"))
+                && matches!(
+                    name,
+                    "to" | "cuda" | "_apply" | "convert" | "half" | "bfloat16"
+                ))
         {
             load = true;
         }
         if matches!(
             name,
-            "generate" | "evaluate" | "eval_step" | "evaluation_loop" | "validation_step"
-                | "prediction_step" | "predict" | "sample" | "_sample" | "greedy_search"
-                | "beam_search" | "run_eval" | "eval_loop" | "validate"
+            "generate"
+                | "evaluate"
+                | "eval_step"
+                | "evaluation_loop"
+                | "validation_step"
+                | "prediction_step"
+                | "predict"
+                | "sample"
+                | "_sample"
+                | "greedy_search"
+                | "beam_search"
+                | "run_eval"
+                | "eval_loop"
+                | "validate"
         ) || file.contains("transformers/cache_utils")
         {
             // KV caches (transformers' cache_utils) exist for generation.
             eval = true;
         }
         // Inference servers name their forward passes prefill/decode.
-        if matches!(name, "forward" | "_call_impl" | "_wrapped_call_impl" | "prefill" | "decode_step") {
+        if matches!(
+            name,
+            "forward" | "_call_impl" | "_wrapped_call_impl" | "prefill" | "decode_step"
+        ) {
             forward = true;
         }
     }
@@ -243,7 +273,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             evidence[i] = Some((p, Source::UserMetadata));
             continue;
         }
-        if !matches!(e.action, Action::Alloc | Action::SegmentAlloc | Action::SegmentMap | Action::Oom) {
+        if !matches!(
+            e.action,
+            Action::Alloc | Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+        ) {
             continue;
         }
         let from_frames = *cache
@@ -253,7 +286,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             Some(p) => Some((p, Source::Frames)),
             // A frameless allocation in a run that records Python stacks comes from autograd's
             // backward thread. Segment events repeat the stack of the malloc that needed them.
-            None if has_stacks && e.frames == StackId::EMPTY && e.action != Action::SegmentAlloc => {
+            None if has_stacks
+                && e.frames == StackId::EMPTY
+                && e.action != Action::SegmentAlloc =>
+            {
                 Some((Phase::Backward, Source::Position))
             }
             None => None,
@@ -301,7 +337,11 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         }
         intervals.push(PhaseInterval {
             name: p,
-            step: if matches!(p, Phase::Load | Phase::Unknown) { None } else { step },
+            step: if matches!(p, Phase::Load | Phase::Unknown) {
+                None
+            } else {
+                step
+            },
             first_event: i as u32,
             last_event: i as u32,
             source: s,

@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Confidence};
-use super::phase::{find_phases, Phase, Phases};
 use super::layout::{layout_at, Moment, SegmentLayout};
+use super::phase::{find_phases, Phase, Phases};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
 use crate::report::*;
@@ -307,22 +307,48 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         .map(|a| live_allocation(&describe, a, peak_event))
         .collect();
 
-    let (low_event, low_level) = low_point_before(&replay, peak_event);
+    // Held open: alive at the peak and allocated before the phase that contains it; without
+    // phases, before the last low point of the requested curve before the peak.
+    let phase_start = peak_event
+        .and_then(|e| phases.interval_of(e))
+        .map(|i| &phases.intervals[i])
+        .filter(|iv| iv.name != Phase::Unknown);
+    let (boundary, boundary_event, definition) = match phase_start {
+        Some(iv) => (
+            "phase_start",
+            iv.first_event.checked_sub(1),
+            format!(
+                "alive at the peak and allocated before the {} phase that contains it began \
+                 (event {}): releasing these earlier would lower the peak",
+                iv.name.name(),
+                iv.first_event
+            ),
+        ),
+        None => {
+            let (low_event, _) = low_point_before(&replay, peak_event);
+            (
+                "low_point",
+                low_event,
+                "alive at the peak and already allocated at the last low point of requested \
+                 memory before it: the peak was built on top of these"
+                    .to_owned(),
+            )
+        }
+    };
     let held: Vec<&Allocation> = live
         .iter()
         .copied()
-        .filter(|a| match (a.alloc_event, low_event) {
+        .filter(|a| match (a.alloc_event, boundary_event) {
             (None, _) => peak_event.is_some(),
             (Some(_), None) => false,
             (Some(b), Some(l)) => b <= l,
         })
         .collect();
     let held_open = HeldOpen {
-        definition: "alive at the peak and already allocated at the last low point of requested \
-                     memory before it: the peak was built on top of these"
-            .to_owned(),
-        low_point_event: low_event,
-        low_point_requested_bytes: low_level,
+        definition,
+        boundary: boundary.to_owned(),
+        boundary_event,
+        boundary_requested_bytes: replay.requested.at(boundary_event),
         bytes: held.iter().map(|a| a.requested_bytes).sum(),
         count: held.len() as u64,
         allocations: held
@@ -389,12 +415,19 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         ));
     }
 
-    let mut categories_at_peak: std::collections::BTreeMap<String, u64> =
-        Category::ALL.iter().map(|c| (c.name().to_owned(), 0)).collect();
-    let mut phases_at_peak: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut categories_at_peak: std::collections::BTreeMap<String, u64> = Category::ALL
+        .iter()
+        .map(|c| (c.name().to_owned(), 0))
+        .collect();
+    let mut phases_at_peak: std::collections::BTreeMap<String, u64> =
+        std::collections::BTreeMap::new();
     for a in &live_at_peak {
         *categories_at_peak.entry(a.category.clone()).or_default() += a.requested_bytes;
-        let phase = if a.alloc_event.is_none() { "before_window" } else { a.phase.as_str() };
+        let phase = if a.alloc_event.is_none() {
+            "before_window"
+        } else {
+            a.phase.as_str()
+        };
         *phases_at_peak.entry(phase.to_owned()).or_default() += a.requested_bytes;
     }
     if let Some(reason) = &phases.unknown_reason {
@@ -479,12 +512,21 @@ fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
     let mut out: Vec<StepSummary> = Vec::new();
     for iv in &phases.intervals {
         let Some(step) = iv.step else { continue };
-        if !matches!(iv.name, Phase::Forward | Phase::Backward | Phase::Optimizer | Phase::Eval) {
+        if !matches!(
+            iv.name,
+            Phase::Forward | Phase::Backward | Phase::Optimizer | Phase::Eval
+        ) {
             continue;
         }
         let (peak, at) = (iv.first_event..=iv.last_event)
             .map(|e| (replay.requested.at(Some(e)), e))
-            .fold((i64::MIN, iv.first_event), |best, x| if x.0 > best.0 { x } else { best });
+            .fold((i64::MIN, iv.first_event), |best, x| {
+                if x.0 > best.0 {
+                    x
+                } else {
+                    best
+                }
+            });
         match out.last_mut() {
             Some(s) if s.step == step => {
                 s.last_event = iv.last_event;

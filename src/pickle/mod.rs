@@ -4,6 +4,7 @@
 mod json;
 pub mod opcodes;
 mod reader;
+pub(crate) mod scan;
 mod value;
 
 pub use json::parse_json;

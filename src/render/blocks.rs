@@ -127,7 +127,8 @@ pub fn text(blocks: &[Block], color: bool) -> String {
                     let _ = writeln!(out, "  (none)");
                     continue;
                 }
-                let mut widths: Vec<usize> = columns.iter().map(|c| c.name.chars().count()).collect();
+                let mut widths: Vec<usize> =
+                    columns.iter().map(|c| c.name.chars().count()).collect();
                 for r in rows {
                     for (w, c) in widths.iter_mut().zip(r) {
                         *w = (*w).max(c.text.chars().count());

@@ -129,12 +129,7 @@ fn status(k: &KeyDelta) -> &'static str {
 }
 
 fn key_table(title: String, first: &'static str, rows: &[&KeyDelta], with_counts: bool) -> Block {
-    let mut columns = vec![
-        right("change"),
-        right("base"),
-        right("new"),
-        left("status"),
-    ];
+    let mut columns = vec![right("change"), right("base"), right("new"), left("status")];
     if with_counts {
         columns.push(right("allocations"));
     }

@@ -90,10 +90,7 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
                         "-".to_owned()
                     }),
                     Cell::from(format_bytes(r.reserved_bytes)),
-                    Cell::toned(
-                        if r.oom { "yes" } else { "no" },
-                        r.oom.then_some(Tone::Bad),
-                    ),
+                    Cell::toned(if r.oom { "yes" } else { "no" }, r.oom.then_some(Tone::Bad)),
                     Cell::toned(
                         if r.outlier { "OUTLIER" } else { "" },
                         r.outlier.then_some(Tone::Bad),

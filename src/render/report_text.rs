@@ -334,10 +334,15 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         out.push(Block::Items(items));
     }
     let total: u64 = dev.categories_at_peak.values().sum();
-    let mut cats: Vec<(&String, &u64)> = dev.categories_at_peak.iter().filter(|(_, b)| **b > 0).collect();
+    let mut cats: Vec<(&String, &u64)> = dev
+        .categories_at_peak
+        .iter()
+        .filter(|(_, b)| **b > 0)
+        .collect();
     cats.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     if !cats.is_empty() {
-        let mut phases: Vec<(&String, &u64)> = dev.phases_at_peak.iter().filter(|(_, b)| **b > 0).collect();
+        let mut phases: Vec<(&String, &u64)> =
+            dev.phases_at_peak.iter().filter(|(_, b)| **b > 0).collect();
         phases.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         let share = |b: u64| pct(b as f64 / total.max(1) as f64);
         out.push(Block::Table {
@@ -356,7 +361,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         });
     }
     if dev.steps.len() > 1 {
-        let growing = dev.steps.windows(2).all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes);
+        let growing = dev
+            .steps
+            .windows(2)
+            .all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes);
         let growth = dev.steps.last().map_or(0, |l| l.start_requested_bytes)
             - dev.steps.first().map_or(0, |f| f.start_requested_bytes);
         let title = if growing && dev.steps.len() > 2 && growth > 0 {
@@ -408,12 +416,11 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
         out.push(allocation_table(
             format!(
-                "Held the peak open: {} in {} allocations already alive at the last low point \
-                 before the peak ({} requested {}); the peak was built on top of them",
+                "Held the peak open: {} in {} allocations — {} (at that point {} was requested)",
                 format_bytes(dev.held_open.bytes),
                 dev.held_open.count,
-                bytes(dev.held_open.low_point_requested_bytes),
-                when(dev, dev.held_open.low_point_event, None)
+                dev.held_open.definition,
+                bytes(dev.held_open.boundary_requested_bytes),
             ),
             &dev.held_open.allocations,
             view,
@@ -564,7 +571,11 @@ pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
                 for (i, (head, details)) in items.iter().enumerate() {
                     let lead = format!("  {}. ", i + 1);
                     for (j, line) in wrap(head, 100 - lead.len()).iter().enumerate() {
-                        let prefix = if j == 0 { lead.clone() } else { " ".repeat(lead.len()) };
+                        let prefix = if j == 0 {
+                            lead.clone()
+                        } else {
+                            " ".repeat(lead.len())
+                        };
                         let _ = writeln!(out, "{prefix}{line}");
                     }
                     for d in details {

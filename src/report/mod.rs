@@ -224,9 +224,12 @@ pub struct CallSiteBytes {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeldOpen {
     pub definition: String,
-    /// The low point before the peak (null = window start).
-    pub low_point_event: Option<u32>,
-    pub low_point_requested_bytes: i64,
+    /// `phase_start` (allocated before the peak's phase began) or `low_point` (before the last
+    /// low point of requested memory, when phases are unknown).
+    pub boundary: String,
+    /// Last event before the boundary (null = window start).
+    pub boundary_event: Option<u32>,
+    pub boundary_requested_bytes: i64,
     pub bytes: u64,
     pub count: u64,
     pub allocations: Vec<LiveAllocation>,

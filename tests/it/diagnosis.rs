@@ -12,7 +12,9 @@ fn report_of(rel: &str) -> FileReport {
 }
 
 fn truth(rel: &str) -> serde_json::Value {
-    let p = common::fixture(rel).to_string_lossy().replace(".pickle", ".truth.json");
+    let p = common::fixture(rel)
+        .to_string_lossy()
+        .replace(".pickle", ".truth.json");
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
@@ -34,22 +36,35 @@ fn phase_of_the_peak_and_of_each_oom_and_categories_match_the_truth() {
         let t = truth(rel);
         for dev in &report_of(rel).devices {
             let td = &t["devices"][dev.device.to_string()];
-            assert_eq!(dev.peak.phase, td["peak_requested_phase"].as_str().unwrap(), "{rel}");
+            assert_eq!(
+                dev.peak.phase,
+                td["peak_requested_phase"].as_str().unwrap(),
+                "{rel}"
+            );
             let oom_phases: Vec<&str> = dev.oom.iter().map(|o| o.phase.as_str()).collect();
-            let truth_phases: Vec<&str> =
-                td["oom"].as_array().unwrap().iter().map(|o| o["phase"].as_str().unwrap()).collect();
+            let truth_phases: Vec<&str> = td["oom"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["phase"].as_str().unwrap())
+                .collect();
             assert_eq!(oom_phases, truth_phases, "{rel}");
             // Bytes per category at the peak within 5 % of the peak.
             let mut want = std::collections::BTreeMap::<String, u64>::new();
             for a in td["live_at_peak"].as_array().unwrap() {
-                *want.entry(a["category"].as_str().unwrap().to_owned()).or_default() +=
-                    a["requested_bytes"].as_u64().unwrap();
+                *want
+                    .entry(a["category"].as_str().unwrap().to_owned())
+                    .or_default() += a["requested_bytes"].as_u64().unwrap();
             }
             let total = dev.peak.requested_bytes as f64;
             for (name, got) in &dev.categories_at_peak {
                 let w = want.get(name).copied().unwrap_or(0);
                 let err = (*got as f64 - w as f64).abs() / total;
-                assert!(err <= 0.05, "{rel}: {name} {got} vs truth {w} ({:.1}%)", err * 100.0);
+                assert!(
+                    err <= 0.05,
+                    "{rel}: {name} {got} vs truth {w} ({:.1}%)",
+                    err * 100.0
+                );
             }
             // Every category name is present in the JSON map.
             assert_eq!(dev.categories_at_peak.len(), 6, "{rel}");
@@ -64,14 +79,24 @@ fn the_training_step_repeats_and_is_numbered() {
     assert_eq!(names[0], "load");
     assert_eq!(&names[1..4], ["forward", "backward", "optimizer"]);
     assert_eq!(dev.steps.len(), 4);
-    assert_eq!(dev.steps.iter().map(|s| s.step).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(
+        dev.steps.iter().map(|s| s.step).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
     // Truth intervals, allowing a one-event difference at a boundary (frees carry no evidence).
     let t = truth("synth/train.pickle");
-    for (ours, theirs) in dev.phases.iter().zip(t["devices"]["0"]["phases"].as_array().unwrap()) {
+    for (ours, theirs) in dev
+        .phases
+        .iter()
+        .zip(t["devices"]["0"]["phases"].as_array().unwrap())
+    {
         assert_eq!(ours.name.name(), theirs["name"].as_str().unwrap());
         assert_eq!(ours.step.map(|s| s as u64), theirs["step"].as_u64());
         let first = theirs["first_event"].as_u64().unwrap() as i64;
-        assert!((ours.first_event as i64 - first).abs() <= 1, "{ours:?} vs {theirs}");
+        assert!(
+            (ours.first_event as i64 - first).abs() <= 1,
+            "{ours:?} vs {theirs}"
+        );
     }
 }
 
@@ -95,10 +120,16 @@ fn phase_names(dev: &DeviceReport) -> Vec<(&str, &str)> {
 
 #[test]
 fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
-    let w = report_of("real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle");
+    let w = report_of(
+        "real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle",
+    );
     assert_eq!(
         phase_names(&w.devices[0]),
-        [("forward", "frames"), ("backward", "frames"), ("optimizer", "annotation")]
+        [
+            ("forward", "frames"),
+            ("backward", "frames"),
+            ("optimizer", "annotation")
+        ]
     );
     let n = report_of("real/notHanmin__assignment2-systems__memory_snapshot.pickle");
     assert_eq!(
@@ -111,7 +142,10 @@ fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
         ]
     );
     let m = report_of("real/MAGMA27__assignment2-systems__memory_snapshot.pickle");
-    assert_eq!(phase_names(&m.devices[0]), [("forward", "frames"), ("backward", "frames")]);
+    assert_eq!(
+        phase_names(&m.devices[0]),
+        [("forward", "frames"), ("backward", "frames")]
+    );
     assert_eq!(m.devices[0].peak.phase, "forward");
 }
 
@@ -127,7 +161,11 @@ fn snapshots_without_a_trace_say_why_phases_are_unknown() {
         assert!(reason.contains("no trace was recorded"), "{rel}: {reason}");
     }
     let none = &report_of("synth/graphs-stacks-none.pickle").devices[0];
-    assert!(none.phases_unknown_reason.as_deref().unwrap().contains("no stacks"));
+    assert!(none
+        .phases_unknown_reason
+        .as_deref()
+        .unwrap()
+        .contains("no stacks"));
 }
 
 #[test]
@@ -141,7 +179,9 @@ fn advice_is_tied_to_the_phase_and_never_offers_empty_cache() {
     let load = &report_of("synth/load-oom.pickle").devices[0];
     assert!(load.advice[0].action.contains("lower precision"));
     let weights = load.categories_at_peak["weights"];
-    assert!(load.advice[0].reason.contains(&snapscan::units::format_bytes(weights)));
+    assert!(load.advice[0]
+        .reason
+        .contains(&snapscan::units::format_bytes(weights)));
     let fwd = &report_of("synth/train-oom-forward.pickle").devices[0];
     assert!(fwd.advice[0].action.contains("batch size"));
     let bwd = &report_of("synth/train-oom-backward.pickle").devices[0];
@@ -149,8 +189,15 @@ fn advice_is_tied_to_the_phase_and_never_offers_empty_cache() {
     let eval = &report_of("synth/eval-peak.pickle").devices[0];
     assert!(eval.advice[0].action.contains("eval batch"));
     let trunc = &report_of("synth/truncated.pickle").devices[0];
-    assert!(trunc.advice.iter().any(|a| a.action.contains("max_entries")));
-    for rel in ["synth/fragmented.pickle", "synth/train.pickle", "synth/load-oom.pickle"] {
+    assert!(trunc
+        .advice
+        .iter()
+        .any(|a| a.action.contains("max_entries")));
+    for rel in [
+        "synth/fragmented.pickle",
+        "synth/train.pickle",
+        "synth/load-oom.pickle",
+    ] {
         for dev in &report_of(rel).devices {
             for a in &dev.advice {
                 assert!(!a.action.contains("empty_cache"), "{rel}: {a:?}");

@@ -168,7 +168,14 @@ fn check_json_round_trips_and_sizes_accept_every_notation() {
         r.violations[0].measured,
         snapscan::report::Amount::Int(4058353800)
     );
-    let md = run(&["check", "--max-peak", "1.5e9", "--format", "markdown", TRAIN]);
+    let md = run(&[
+        "check",
+        "--max-peak",
+        "1.5e9",
+        "--format",
+        "markdown",
+        TRAIN,
+    ]);
     assert_eq!(md.status.code(), Some(1));
     assert!(stdout(&md).starts_with("## snapscan check: 1 budget crossed\n"));
 }
@@ -261,7 +268,10 @@ fn diff_of_a_regression_fails_on_growth() {
     let text = run(&["diff", TRAIN, EVAL_PEAK]);
     assert_eq!(text.status.code(), Some(0));
     let t = stdout(&text);
-    assert!(t.starts_with("snapscan diff: peak +918.0MiB (+23.7%)\n"), "{t}");
+    assert!(
+        t.starts_with("snapscan diff: peak +918.0MiB (+23.7%)\n"),
+        "{t}"
+    );
     assert!(t.contains("Call sites new or grown at the peak"));
 }
 
@@ -278,7 +288,10 @@ fn diff_of_an_improvement_passes_and_renders_markdown_for_a_pr() {
     ]);
     assert_eq!(out.status.code(), Some(0));
     let md = stdout(&out);
-    assert!(md.starts_with("## snapscan diff: peak -918.0MiB (-19.2%)\n"), "{md}");
+    assert!(
+        md.starts_with("## snapscan diff: peak -918.0MiB (-19.2%)\n"),
+        "{md}"
+    );
     assert!(md.contains("`fixtures/synth/eval-peak.pickle` → `fixtures/synth/train.pickle`"));
     assert!(md.contains("| peak (requested) | 4.7GiB | 3.8GiB | -918.0MiB (-19.2%) |"));
     assert!(md.contains("Within --fail-on-growth 5.0%"));
@@ -294,7 +307,10 @@ fn diff_reports_an_oom_that_appeared_or_disappeared() {
     let gone = json(&run(&["diff", "--format", "json", OOM_FORWARD, TRAIN]));
     assert_eq!(gone["devices"][0]["oom"]["change"], "disappeared");
     let text = stdout(&run(&["diff", TRAIN, OOM_FORWARD]));
-    assert!(text.contains("Device 0: OOM appeared (1 event, verdict full)."), "{text}");
+    assert!(
+        text.contains("Device 0: OOM appeared (1 event, verdict full)."),
+        "{text}"
+    );
 }
 
 #[test]
@@ -343,8 +359,18 @@ fn gzip_zstd_stdin_and_glob_inputs_give_the_same_report() {
     };
     let base = "fixtures/synth/truncated.pickle";
     let plain = devices(run(&["report", "--format", "json", base]));
-    let gz = devices(run(&["report", "--format", "json", "fixtures/synth/truncated.pickle.gz"]));
-    let zst = devices(run(&["report", "--format", "json", "fixtures/synth/truncated.pickle.zst"]));
+    let gz = devices(run(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle.gz",
+    ]));
+    let zst = devices(run(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle.zst",
+    ]));
     let stdin_zst = devices(
         cmd()
             .args(["report", "--format", "json", "-"])
@@ -354,18 +380,33 @@ fn gzip_zstd_stdin_and_glob_inputs_give_the_same_report() {
             .unwrap(),
     );
     // A quoted pattern, expanded by snapscan itself.
-    let glob = devices(run(&["report", "--format", "json", "fixtures/synth/truncated.pickle.z*"]));
+    let glob = devices(run(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle.z*",
+    ]));
     assert_eq!(plain, gz);
     assert_eq!(plain, zst);
     assert_eq!(plain, stdin_zst);
     assert_eq!(plain, glob);
-    let stats = json(&run(&["stats", "--format", "json", "fixtures/synth/truncated.pickle.zst"]));
+    let stats = json(&run(&[
+        "stats",
+        "--format",
+        "json",
+        "fixtures/synth/truncated.pickle.zst",
+    ]));
     assert_eq!(stats["files"][0]["compression"], "zstd");
 }
 
 #[test]
 fn glob_patterns_expand_sorted_and_an_empty_match_is_an_error() {
-    let out = run(&["report", "--format", "json", "fixtures/synth/load-oom*.pickle"]);
+    let out = run(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/load-oom*.pickle",
+    ]);
     assert!(out.status.success());
     let v = json(&out);
     let paths: Vec<&str> = v["files"]
@@ -384,7 +425,11 @@ fn glob_patterns_expand_sorted_and_an_empty_match_is_an_error() {
     );
     assert_eq!(v["ranks"]["rows"].as_array().unwrap().len(), 3);
     cmd()
-        .args(["check", "--fail-on-oom", "fixtures/synth/nothing-here-*.pickle"])
+        .args([
+            "check",
+            "--fail-on-oom",
+            "fixtures/synth/nothing-here-*.pickle",
+        ])
         .assert()
         .code(2)
         .stderr(predicate::str::contains("no file matches this pattern"));
@@ -398,7 +443,12 @@ fn glob_patterns_expand_sorted_and_an_empty_match_is_an_error() {
         .unwrap();
     }
     let pattern = dir.join("snap_rank*.pickle");
-    let v = json(&run(&["report", "--format", "json", pattern.to_str().unwrap()]));
+    let v = json(&run(&[
+        "report",
+        "--format",
+        "json",
+        pattern.to_str().unwrap(),
+    ]));
     let ranks: Vec<u64> = v["ranks"]["rows"]
         .as_array()
         .unwrap()
@@ -474,7 +524,10 @@ fn stdout_commands(dir: &std::path::Path) -> Vec<(Vec<String>, i32)> {
         v(&["stats", TRAIN], 0),
         v(&["timeline", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
         v(&["segments", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
-        v(&["explain", "fixtures/oom-logs/oom-01-v10-cached-kib.log"], 0),
+        v(
+            &["explain", "fixtures/oom-logs/oom-01-v10-cached-kib.log"],
+            0,
+        ),
         v(&["check", "--fail-on-oom", OOM_FORWARD], 1),
         v(&["diff", TRAIN, OOM_FORWARD], 0),
         v(&["merge", &report], 0),
@@ -503,7 +556,10 @@ fn every_subcommand_has_examples_and_the_exit_codes_are_documented() {
     for c in &commands {
         let out = run(&[c, "--help"]);
         assert_eq!(out.status.code(), Some(0), "{c}");
-        assert!(stdout(&out).contains("Example"), "{c} --help has no example");
+        assert!(
+            stdout(&out).contains("Example"),
+            "{c} --help has no example"
+        );
     }
     let top = stdout(&run(&["--help"]));
     assert!(top.contains("Exit codes: 0 = analysed; 1 = a budget or finding was crossed"));
@@ -576,9 +632,19 @@ fn nothing_but_the_report_reaches_stdout_when_it_is_not_a_terminal() {
                 !out.stdout.contains(&0x1b),
                 "{args:?}: colour codes on a pipe"
             );
-            assert!(!out.stderr.contains(&0x1b), "{args:?}: escape codes on stderr");
-            assert!(!out.stderr.contains(&b'\r'), "{args:?}: progress bar on stderr");
-            assert!(out.stderr.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                !out.stderr.contains(&0x1b),
+                "{args:?}: escape codes on stderr"
+            );
+            assert!(
+                !out.stderr.contains(&b'\r'),
+                "{args:?}: progress bar on stderr"
+            );
+            assert!(
+                out.stderr.is_empty(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
     // The text report on a pipe is byte for byte what `-o FILE` writes.

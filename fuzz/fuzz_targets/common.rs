@@ -1,0 +1,40 @@
+//! Shared by the targets that go all the way to a report.
+
+use snapscan::analysis::report::{file_report, ReportOptions};
+use snapscan::input::Compression;
+use snapscan::report::{Report, SCHEMA_VERSION};
+use snapscan::snapshot::{self, LoadedSnapshot, Snapshot};
+
+/// Decodes `data` as the CLI does (pickle or JSON by its first bytes) and analyses it.
+#[allow(dead_code)]
+pub fn report(data: &[u8]) {
+    match snapshot::load_bytes("fuzz", data) {
+        Ok(snapshot) => analyse(snapshot, data.len()),
+        Err(e) => assert!(!e.to_string().is_empty()),
+    }
+}
+
+/// The report of every device, rendered as text and as JSON.
+pub fn analyse(snapshot: Snapshot, len: usize) {
+    let loaded = LoadedSnapshot {
+        name: "fuzz".into(),
+        decoded_bytes: len as u64,
+        compression: Compression::None,
+        snapshot,
+    };
+    let file = file_report(&loaded, &ReportOptions::default());
+    assert!(file.devices.len() <= loaded.snapshot.devices().len());
+    let report = Report {
+        schema_version: SCHEMA_VERSION,
+        files: vec![file],
+        ranks: None,
+    };
+    let view = snapscan::render::report_text::View {
+        top: 5,
+        stacks: true,
+    };
+    let text = snapscan::render::report_text::text(&report, &view);
+    assert!(!text.is_empty());
+    let json = snapscan::render::json(&report);
+    assert!(!json.is_empty());
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Fills fuzz/corpus/<target>/ from the fixtures (the corpora are not committed).
+#
+#   fuzz/seed.sh            # small fixtures only (fast mutations)
+#   SEED_ALL=1 fuzz/seed.sh # every fixture, however big
+#
+# The JSON seeds are made from the pickles with a restricted unpickler that refuses every
+# import, so no fixture can run code while being converted; without python3 only the hand-made
+# JSON seeds are written.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+max_bytes="${SEED_MAX_BYTES:-200000}"
+if [ "${SEED_ALL:-0}" = 1 ]; then max_bytes=1000000000; fi
+
+mkdir -p "$here/corpus/pickle_parse" "$here/corpus/snapshot_report" "$here/corpus/json_report"
+
+small_pickles=()
+for f in "$root"/fixtures/real/*.pickle "$root"/fixtures/synth/*.pickle; do
+    [ -f "$f" ] || continue
+    if [ "$(wc -c < "$f")" -le "$max_bytes" ]; then small_pickles+=("$f"); fi
+done
+for f in "${small_pickles[@]}"; do
+    cp "$f" "$here/corpus/pickle_parse/"
+    cp "$f" "$here/corpus/snapshot_report/"
+done
+
+# Hand-made JSON snapshots: one clean, and the shapes the data-quality checks look at.
+json="$here/corpus/json_report"
+cat > "$json/clean.json" <<'JSON'
+{"segments":[{"device":0,"address":1048576,"total_size":2097152,"allocated_size":1024,"active_size":1024,"requested_size":1000,"stream":0,"segment_type":"small","segment_pool_id":[0,0],"is_expandable":false,"frames":[],"blocks":[{"address":1048576,"size":1024,"requested_size":1000,"state":"active_allocated","frames":[{"name":"f","filename":"a.py","line":3}]},{"address":1049600,"size":2096128,"requested_size":0,"state":"inactive","frames":[]}]}],"device_traces":[[{"action":"segment_alloc","addr":1048576,"size":2097152,"stream":0,"time_us":1,"frames":[]},{"action":"alloc","addr":1048576,"size":1000,"stream":0,"time_us":2,"frames":[{"name":"f","filename":"a.py","line":3}]},{"action":"snapshot","addr":0,"size":1024,"stream":0,"time_us":3}]],"allocator_settings":{"expandable_segments":false,"max_split_size":-1},"external_annotations":[{"device":0,"stage":"START","name":"step","time_us":2}]}
+JSON
+cat > "$json/inconsistent.json" <<'JSON'
+{"segments":[{"device":0,"address":4096,"total_size":4096,"allocated_size":9999,"blocks":[{"address":4096,"size":2048,"requested_size":10,"state":"active_allocated"},{"address":5000,"size":2048,"requested_size":10,"state":"active_allocated"}]},{"device":0,"address":4096,"total_size":4096,"blocks":[{"size":4096,"requested_size":1,"state":"inactive"}]},{"device":3,"address":0,"total_size":512,"blocks":[{"size":512,"requested_size":512,"state":"active_pending_free"}]}],"device_traces":[[{"action":"free_completed","addr":123,"size":512},{"action":"alloc","addr":4096,"size":9223372036854775807},{"action":"alloc","addr":5000,"size":9223372036854775807},{"action":"snapshot","addr":0,"size":1},{"action":"oom","size":1048576,"device_free":0}],[],[{"action":"bogus","size":1}]]}
+JSON
+cat > "$json/segment-list.json" <<'JSON'
+[{"device":0,"address":0,"total_size":1024,"blocks":[{"size":512,"state":"active_allocated","history":[{"addr":0,"real_size":500,"frames":[{"filename":"x.py","name":"g","line":1}]}]},{"size":512,"state":"inactive"}]}]
+JSON
+cp "$json"/*.json "$here/corpus/snapshot_report/"
+
+if command -v python3 >/dev/null 2>&1 && [ "${#small_pickles[@]}" -gt 0 ]; then
+    python3 - "$json" "$here/corpus/pickle_parse:$here/corpus/snapshot_report" "${SEED_ALL:-0}" "${small_pickles[@]}" <<'PY'
+import json, os, pickle, sys
+
+class PlainData(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+def short_frames(v):
+    """A copy with every `frames` list cut to 3 frames (JSON repeats shared stacks)."""
+    if isinstance(v, dict):
+        return {k: (short_frames(x[:3]) if k == "frames" and isinstance(x, list) else short_frames(x))
+                for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [short_frames(x) for x in v]
+    return v
+
+json_dir, pickle_dirs, full = sys.argv[1], sys.argv[2].split(":"), sys.argv[3] == "1"
+for path in sys.argv[4:]:
+    with open(path, "rb") as f:
+        data = PlainData(f).load()
+    base = os.path.basename(path).rsplit(".", 1)[0]
+    if full:
+        with open(os.path.join(json_dir, base + ".json"), "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+    # A small cut of the same file (a few segments and trace entries) mutates much faster.
+    if isinstance(data, dict):
+        small = dict(data)
+        small["segments"] = data.get("segments", [])[:6]
+        small["device_traces"] = [t[:150] for t in data.get("device_traces", [])]
+    else:
+        small = data[:6]
+    small = short_frames(small)
+    with open(os.path.join(json_dir, base + ".small.json"), "w") as f:
+        json.dump(small, f, separators=(",", ":"))
+    for d in pickle_dirs:
+        with open(os.path.join(d, base + ".small.pickle"), "wb") as f:
+            pickle.dump(small, f, protocol=4)
+PY
+fi
+echo "seeded: $(ls "$here/corpus/pickle_parse" | wc -l) pickle_parse, $(ls "$here/corpus/snapshot_report" | wc -l) snapshot_report, $(ls "$json" | wc -l) json_report"

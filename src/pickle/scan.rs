@@ -1,0 +1,330 @@
+//! Phase one of the parallel reader: cut a protocol 4/5 pickle into chunks at FRAME boundaries
+//! (CPython's frames hold whole opcodes, ~64 KiB each) and walk the chunks' opcodes in parallel:
+//! count MEMOIZE (a prefix sum then gives each chunk the memo index it starts at), find STOP or
+//! the point where a cut file ends, and check that only plain-data opcodes occur.
+//!
+//! Anything this does not expect makes it return `None`; the caller then uses the sequential
+//! reader, which gives the exact error or the result.
+
+use rayon::prelude::*;
+
+use super::opcodes as op;
+
+/// A run of whole opcodes: one or more frames (the FRAME headers between them included).
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    pub start: usize,
+    pub end: usize,
+    /// Memo index assigned by the chunk's first MEMOIZE.
+    pub memo_base: u32,
+    pub memos: u32,
+}
+
+/// How the opcode stream ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Position of the STOP opcode.
+    Stop(usize),
+    /// The input ends before STOP: position of the first opcode that is not complete (the
+    /// input length when it ends between opcodes).
+    Truncated(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct Scan {
+    pub chunks: Vec<Chunk>,
+    pub end: End,
+    pub memos: u64,
+}
+
+/// One step of the walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Length of the opcode and its argument.
+    Len(usize),
+    /// The opcode or its argument runs past the end of the data.
+    Cut,
+    /// Not an opcode the parallel reader handles.
+    Unsupported,
+}
+
+fn arg_len(data: &[u8], pos: usize, width: usize) -> Option<u64> {
+    let b = data.get(pos + 1..pos + 1 + width)?;
+    let mut v = [0u8; 8];
+    v[..width].copy_from_slice(b);
+    Some(u64::from_le_bytes(v))
+}
+
+/// Length of the opcode at `pos` for the opcodes CPython writes for plain data.
+#[inline]
+pub fn op_len(data: &[u8], pos: usize) -> Step {
+    let Some(&code) = data.get(pos) else {
+        return Step::Cut;
+    };
+    let fixed = |n: usize| {
+        if pos + n <= data.len() {
+            Step::Len(n)
+        } else {
+            Step::Cut
+        }
+    };
+    // Length-prefixed payloads: a length past the end of the data is a cut only when the
+    // prefix itself is complete and plausible; the sequential reader words the other cases.
+    let counted = |width: usize| match arg_len(data, pos, width) {
+        None => Step::Cut,
+        Some(n) => {
+            let total = (1 + width) as u64 + n;
+            if pos as u64 + total <= data.len() as u64 {
+                Step::Len(total as usize)
+            } else if width == 1 {
+                Step::Cut
+            } else {
+                Step::Unsupported
+            }
+        }
+    };
+    match code {
+        op::MARK
+        | op::STOP
+        | op::EMPTY_DICT
+        | op::EMPTY_LIST
+        | op::EMPTY_TUPLE
+        | op::MEMOIZE
+        | op::NONE
+        | op::NEWTRUE
+        | op::NEWFALSE
+        | op::TUPLE
+        | op::TUPLE1
+        | op::TUPLE2
+        | op::TUPLE3
+        | op::APPEND
+        | op::APPENDS
+        | op::SETITEM
+        | op::SETITEMS => Step::Len(1),
+        op::BININT1 | op::BINGET | op::PROTO => fixed(2),
+        op::BININT2 => fixed(3),
+        op::BININT | op::LONG_BINGET => fixed(5),
+        op::BINFLOAT | op::FRAME => fixed(9),
+        op::LONG1 | op::SHORT_BINUNICODE => counted(1),
+        op::BINUNICODE => counted(4),
+        op::BINUNICODE8 => counted(8),
+        _ => Step::Unsupported,
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Walk {
+    memos: u32,
+    stop: Option<usize>,
+    cut: Option<usize>,
+    unsupported: bool,
+}
+
+fn walk(data: &[u8], start: usize, end: usize) -> Walk {
+    let data = &data[..end];
+    let mut w = Walk::default();
+    let mut pos = start;
+    while pos < end {
+        match op_len(data, pos) {
+            Step::Len(n) => {
+                match data[pos] {
+                    op::MEMOIZE => w.memos += 1,
+                    op::STOP => {
+                        w.stop = Some(pos);
+                        return w;
+                    }
+                    op::PROTO if data[pos + 1] > 5 => {
+                        w.unsupported = true;
+                        return w;
+                    }
+                    _ => {}
+                }
+                pos += n;
+            }
+            Step::Cut => {
+                w.cut = Some(pos);
+                return w;
+            }
+            Step::Unsupported => {
+                w.unsupported = true;
+                return w;
+            }
+        }
+    }
+    w
+}
+
+/// Cuts `data` into chunks of about `chunk_bytes` and walks them in parallel. `None` when the
+/// input is not a protocol 4/5 pickle made of the plain-data opcodes, or uses memo opcodes
+/// with explicit indices: the sequential reader handles those.
+pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
+    if data.len() < 2 || data[0] != op::PROTO || !(4..=5).contains(&data[1]) {
+        return None;
+    }
+    // Hop over the frame headers (sequential, one read per ~64 KiB).
+    let mut units: Vec<(usize, usize)> = Vec::new();
+    let mut pos = 2;
+    let mut header_cut = None;
+    while pos < data.len() {
+        if data[pos] == op::FRAME {
+            let Some(n) = arg_len(data, pos, 8) else {
+                header_cut = Some(pos);
+                break;
+            };
+            let body = pos + 9;
+            let end = (body as u64).saturating_add(n).min(data.len() as u64) as usize;
+            units.push((body, end));
+            pos = end;
+        } else {
+            // Opcodes outside frames (CPython writes big strings that way): walk to the next
+            // FRAME, STOP or the end.
+            let start = pos;
+            loop {
+                if pos >= data.len() || data[pos] == op::FRAME {
+                    break;
+                }
+                match op_len(data, pos) {
+                    Step::Len(n) => {
+                        let stop = data[pos] == op::STOP;
+                        pos += n;
+                        if stop {
+                            break;
+                        }
+                    }
+                    Step::Cut => {
+                        pos = data.len();
+                        break;
+                    }
+                    // Junk after STOP is allowed; the walk below decides.
+                    Step::Unsupported => {
+                        pos += 1;
+                        break;
+                    }
+                }
+            }
+            units.push((start, pos));
+        }
+    }
+    // Group frames into chunks.
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    for (s, e) in units {
+        match ranges.last_mut() {
+            Some(last) if last.1 - last.0 < chunk_bytes && s >= last.1 => last.1 = e,
+            _ => ranges.push((s, e)),
+        }
+    }
+    let walks: Vec<Walk> = ranges
+        .par_iter()
+        .map(|&(s, e)| walk(data, s, e))
+        .collect();
+    let mut chunks = Vec::with_capacity(ranges.len());
+    let mut memos: u64 = 0;
+    for ((s, e), w) in ranges.into_iter().zip(walks) {
+        if w.unsupported && w.stop.is_none() {
+            return None;
+        }
+        if memos + w.memos as u64 > u32::MAX as u64 {
+            return None;
+        }
+        chunks.push(Chunk {
+            start: s,
+            end: w.stop.map_or(e, |p| p + 1),
+            memo_base: memos as u32,
+            memos: w.memos,
+        });
+        memos += w.memos as u64;
+        if let Some(stop) = w.stop {
+            return Some(Scan {
+                chunks,
+                end: End::Stop(stop),
+                memos,
+            });
+        }
+        if let Some(cut) = w.cut {
+            // A cut inside a frame that is not the last one: opcodes span frames.
+            if e != data.len() {
+                return None;
+            }
+            return Some(Scan {
+                chunks,
+                end: End::Truncated(cut),
+                memos,
+            });
+        }
+    }
+    Some(Scan {
+        chunks,
+        end: End::Truncated(header_cut.unwrap_or(data.len())),
+        memos,
+    })
+}
+
+/// Where memo index `index` was stored: the position of the opcode that pushed the value
+/// MEMOIZE then stored (`None` when that is not in the same chunk, or unknown).
+pub fn memo_source(data: &[u8], chunks: &[Chunk], index: u32) -> Option<usize> {
+    let k = chunks.partition_point(|c| c.memo_base <= index).checked_sub(1)?;
+    let c = &chunks[k];
+    let want = index - c.memo_base;
+    if want >= c.memos {
+        return None;
+    }
+    let data = &data[..c.end];
+    let mut seen = 0;
+    let mut prev: Option<usize> = None;
+    let mut pos = c.start;
+    while pos < c.end {
+        let Step::Len(n) = op_len(data, pos) else {
+            return None;
+        };
+        match data[pos] {
+            op::MEMOIZE => {
+                if seen == want {
+                    return prev;
+                }
+                seen += 1;
+            }
+            op::FRAME => {}
+            _ => prev = Some(pos),
+        }
+        pos += n;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x80, 4, op::FRAME];
+        p.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        p.extend_from_slice(body);
+        p
+    }
+
+    #[test]
+    fn counts_memos_and_finds_stop() {
+        let p = framed(b"]\x94(\x8c\x01a\x94K\x01e.");
+        let s = scan(&p, 1 << 20).unwrap();
+        assert_eq!(s.memos, 2);
+        assert_eq!(s.end, End::Stop(p.len() - 1));
+        assert_eq!(memo_source(&p, &s.chunks, 1), Some(14));
+    }
+
+    #[test]
+    fn cut_inputs_report_the_first_incomplete_opcode() {
+        let p = framed(b"]\x94(\x8c\x05abcde\x94e.");
+        let cut = &p[..16];
+        let s = scan(cut, 1 << 20).unwrap();
+        assert_eq!(s.end, End::Truncated(14));
+        let s = scan(&p[..14], 1 << 20).unwrap();
+        assert_eq!(s.end, End::Truncated(14));
+    }
+
+    #[test]
+    fn code_and_explicit_memo_indices_are_left_to_the_sequential_reader() {
+        assert!(scan(&framed(b"\x8c\x02os\x8c\x06system\x93."), 1 << 20).is_none());
+        assert!(scan(&framed(b"]q\x00."), 1 << 20).is_none());
+        assert!(scan(b"\x80\x02]q\x00.", 1 << 20).is_none());
+    }
+}
