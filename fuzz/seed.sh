@@ -13,7 +13,8 @@ root="$(dirname "$here")"
 max_bytes="${SEED_MAX_BYTES:-200000}"
 if [ "${SEED_ALL:-0}" = 1 ]; then max_bytes=1000000000; fi
 
-mkdir -p "$here/corpus/pickle_parse" "$here/corpus/snapshot_report" "$here/corpus/json_report"
+mkdir -p "$here/corpus/pickle_parse" "$here/corpus/snapshot_report" "$here/corpus/json_report" \
+    "$here/corpus/parallel_reader"
 
 small_pickles=()
 for f in "$root"/fixtures/real/*.pickle "$root"/fixtures/synth/*.pickle; do
@@ -23,6 +24,7 @@ done
 for f in "${small_pickles[@]}"; do
     cp "$f" "$here/corpus/pickle_parse/"
     cp "$f" "$here/corpus/snapshot_report/"
+    cp "$f" "$here/corpus/parallel_reader/"
 done
 
 # Hand-made JSON snapshots: one clean, and the shapes the data-quality checks look at.
@@ -36,10 +38,39 @@ JSON
 cat > "$json/segment-list.json" <<'JSON'
 [{"device":0,"address":0,"total_size":1024,"blocks":[{"size":512,"state":"active_allocated","history":[{"addr":0,"real_size":500,"frames":[{"filename":"x.py","name":"g","line":1}]}]},{"size":512,"state":"inactive"}]}]
 JSON
+# Extreme values in every numeric field of the clean snapshot (sizes and addresses near 2^64,
+# times at the ends of i64): overflow checks in the analysis.
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$json/clean.json" "$json" <<'PY'
+import copy, json, os, sys
+base = json.load(open(sys.argv[1]))
+def leaves(v, path=()):
+    if isinstance(v, dict):
+        for k, x in v.items(): yield from leaves(x, path + (k,))
+    elif isinstance(v, list):
+        for i, x in enumerate(v): yield from leaves(x, path + (i,))
+    elif isinstance(v, int) and not isinstance(v, bool):
+        yield path
+n = 0
+for path in leaves(base):
+    signed = path[-1] in ("time_us", "device", "line") or "segment_pool_id" in path
+    values = [-2**63, 2**63 - 1, -1] if signed else [2**64 - 1, 2**63, 2**63 - 1, 2**48 + 1]
+    for v in values:
+        d = copy.deepcopy(base)
+        target = d
+        for p in path[:-1]: target = target[p]
+        target[path[-1]] = v
+        n += 1
+        with open(os.path.join(sys.argv[2], f"extreme-{n:03d}.json"), "w") as f:
+            json.dump(d, f, separators=(",", ":"))
+PY
+fi
+# Inputs that once crashed (tests/regressions/) are good seeds too.
+cp "$root"/tests/regressions/* "$json/" 2>/dev/null || true
 cp "$json"/*.json "$here/corpus/snapshot_report/"
 
 if command -v python3 >/dev/null 2>&1 && [ "${#small_pickles[@]}" -gt 0 ]; then
-    python3 - "$json" "$here/corpus/pickle_parse:$here/corpus/snapshot_report" "${SEED_ALL:-0}" "${small_pickles[@]}" <<'PY'
+    python3 - "$json" "$here/corpus/pickle_parse:$here/corpus/snapshot_report:$here/corpus/parallel_reader" "${SEED_ALL:-0}" "${small_pickles[@]}" <<'PY'
 import json, os, pickle, sys
 
 class PlainData(pickle.Unpickler):
@@ -78,4 +109,6 @@ for path in sys.argv[4:]:
             pickle.dump(small, f, protocol=4)
 PY
 fi
-echo "seeded: $(ls "$here/corpus/pickle_parse" | wc -l) pickle_parse, $(ls "$here/corpus/snapshot_report" | wc -l) snapshot_report, $(ls "$json" | wc -l) json_report"
+for t in pickle_parse snapshot_report json_report parallel_reader; do
+    echo "$t: $(ls "$here/corpus/$t" | wc -l) inputs"
+done

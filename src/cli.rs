@@ -14,9 +14,13 @@ use crate::report::{StatsOutput, SCHEMA_VERSION};
 use crate::snapshot::{self, LoadedSnapshot};
 
 const AFTER_HELP: &str = "\
-Exit codes: 0 = analysed; 1 = a budget or finding was crossed (check, diff); 2 = could not analyse.
+Exit codes: 0 = analysed; 1 = a budget or finding was crossed (check, diff); 2 = could not analyse
+(unreadable or invalid input, usage error). A closed pipe (`| head`) exits 0.
 Inputs may be pickles (protocol 2-5), gzip or zstd compressed pickles (detected by content),
-the JSON form of a snapshot, or `-` for stdin. Nothing in a snapshot is ever executed.";
+the JSON form of a snapshot, directories, glob patterns, or `-` for stdin. Nothing in a snapshot
+is ever executed.
+Colour only when stdout is a terminal (NO_COLOR turns it off); a progress bar for inputs of 50 MB
+and more only when stderr is a terminal and CI is not set (--quiet turns it off).";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -70,10 +74,15 @@ pub enum Command {
         /// files) into this directory; the Markdown report links them.
         #[arg(long, value_name = "DIR")]
         svg: Option<PathBuf>,
+        /// Recover what is complete from a pickle cut short (a dump killed while writing)
+        /// instead of failing; stderr and the report say what is missing.
+        #[arg(long)]
+        salvage: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
-    /// bytes, the peak and OOMs marked. Hover a shape for its size, lifetime, call site and stack.
+    /// bytes, the peak, OOMs and phases marked. Hover a shape for its size, lifetime, category,
+    /// call site and stack.
     #[command(
         after_help = "Examples:\n  snapscan timeline speicher.pickle -o timeline.svg\n  snapscan timeline --x time --detail 500 --device 1 rank3.pickle -o rank3-timeline.svg\nWithout -o the picture is written to timeline.svg in the current directory; `-o -` writes it to stdout."
     )]
@@ -90,13 +99,18 @@ pub enum Command {
         /// (at most 1000 shapes per file).
         #[arg(long, default_value_t = crate::render::svg_timeline::DEFAULT_DETAIL)]
         detail: usize,
+        /// Colour of the allocations: memory `category` (weights, activations, gradients,
+        /// optimizer state, temporary) or `call-site`. Default: category when the trace gives
+        /// categories, else call site.
+        #[arg(long, value_enum, alias = "color", value_name = "BY")]
+        colour: Option<crate::render::svg::ColourBy>,
         /// Output file (`-` for stdout).
         #[arg(short, long, default_value = "timeline.svg")]
         output: PathBuf,
     },
     /// Segment layout picture (SVG): every segment as a bar as long as its size, live blocks
-    /// coloured by call site, free holes hatched, rounding waste red, the largest hole labelled
-    /// and, at an OOM, the failed request drawn to the same scale next to it.
+    /// coloured by category or call site, free holes hatched, rounding waste red, the largest
+    /// hole labelled and, at an OOM, the failed request drawn to the same scale next to it.
     #[command(
         after_help = "Examples:\n  snapscan segments speicher.pickle -o segments.svg\n  snapscan segments --at 1234 speicher.pickle -o after-1234.svg\nWithout -o the picture is written to segments.svg in the current directory; `-o -` writes it to stdout."
     )]
@@ -110,6 +124,11 @@ pub enum Command {
         /// Only this device (default: one panel per device).
         #[arg(long)]
         device: Option<i64>,
+        /// Colour of the allocations: memory `category` (weights, activations, gradients,
+        /// optimizer state, temporary) or `call-site`. Default: category when the trace gives
+        /// categories, else call site.
+        #[arg(long, value_enum, alias = "color", value_name = "BY")]
+        colour: Option<crate::render::svg::ColourBy>,
         /// Output file (`-` for stdout).
         #[arg(short, long, default_value = "segments.svg")]
         output: PathBuf,
@@ -131,6 +150,10 @@ pub enum Command {
         /// Write to this file instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Recover what is complete from a pickle cut short (a dump killed while writing)
+        /// instead of failing; stderr and the report say what is missing.
+        #[arg(long)]
+        salvage: bool,
     },
     /// Finds CUDA out-of-memory messages in a log (PyTorch 1.0–2.x wordings) and gives, for each,
     /// the figures, a verdict (fragmentation, other_processes, full, unknown) and first actions:
@@ -251,6 +274,32 @@ fn load_all(files: &[PathBuf]) -> Result<Vec<LoadedSnapshot>, anyhow::Error> {
     Ok(loaded)
 }
 
+/// [`load_all`] for the commands that have `--salvage`: a cut pickle's error suggests it, and
+/// with it what was recovered (and what is missing) is said on stderr.
+fn load_all_salvage(
+    files: &[PathBuf],
+    salvage: bool,
+) -> Result<Vec<LoadedSnapshot>, anyhow::Error> {
+    let files = crate::input::expand_inputs(files)?;
+    let opts = snapshot::LoadOptions {
+        salvage,
+        hint_salvage: true,
+    };
+    let results: Vec<_> = files
+        .par_iter()
+        .map(|f| snapshot::load_with(f, opts))
+        .collect();
+    let mut loaded = Vec::with_capacity(results.len());
+    for r in results {
+        let l = r?;
+        if let Some(s) = &l.snapshot.salvaged {
+            eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+        }
+        loaded.push(l);
+    }
+    Ok(loaded)
+}
+
 fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
     match cli.command {
         Command::Report {
@@ -261,8 +310,9 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             stacks,
             output,
             svg,
+            salvage,
         } => {
-            let loaded = load_all(&files)?;
+            let loaded = load_all_salvage(&files, salvage)?;
             let options = analysis::report::ReportOptions {
                 device,
                 ..Default::default()
@@ -311,10 +361,16 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             device,
             x,
             detail,
+            colour,
             output,
         } => {
             let loaded = snapshot::load(&file)?;
-            let options = crate::render::svg_timeline::TimelineOptions { device, x, detail };
+            let options = crate::render::svg_timeline::TimelineOptions {
+                device,
+                x,
+                detail,
+                colour,
+            };
             let bytes =
                 crate::render::svg_timeline::timeline(&loaded.name, &loaded.snapshot, &options)?;
             Ok(Outcome {
@@ -327,10 +383,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             file,
             at,
             device,
+            colour,
             output,
         } => {
             let loaded = snapshot::load(&file)?;
-            let options = crate::render::svg_segments::SegmentsOptions { device, at };
+            let options = crate::render::svg_segments::SegmentsOptions { device, at, colour };
             let bytes =
                 crate::render::svg_segments::segments(&loaded.name, &loaded.snapshot, &options)?;
             Ok(Outcome {
@@ -344,8 +401,9 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             device,
             format,
             output,
+            salvage,
         } => {
-            let loaded = load_all(&files)?;
+            let loaded = load_all_salvage(&files, salvage)?;
             let stats = StatsOutput {
                 schema_version: SCHEMA_VERSION,
                 files: loaded

@@ -13,6 +13,26 @@ pub enum InputBytes {
     Owned(Vec<u8>),
 }
 
+impl InputBytes {
+    /// Tells the kernel that `start..end` has been read: mapped pages then leave this process's
+    /// resident memory (they stay in the page cache). Readers call it behind them so that a big
+    /// file does not count as resident memory; a later read maps the pages again.
+    pub fn release(&self, start: usize, end: usize) {
+        const PAGE: usize = 4096;
+        if let InputBytes::Mapped(m) = self {
+            let start = start.div_ceil(PAGE) * PAGE;
+            let end = end.min(m.len()) / PAGE * PAGE;
+            if end > start {
+                // SAFETY: the map is read-only and backed by a file: dropped pages are read back
+                // from the file (unchanged) on the next access, so no data is lost.
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+                };
+            }
+        }
+    }
+}
+
 impl std::ops::Deref for InputBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -169,6 +189,7 @@ pub fn read_input_with(
             }
         }
     };
+    progress.note_size(raw.len() as u64);
     let decoded = std::cell::Cell::new(0u64);
     if raw.starts_with(GZIP_MAGIC) {
         let out = decompress(
@@ -181,6 +202,8 @@ pub fn read_input_with(
             path: name.clone(),
             message: format!("gzip data is corrupt: {e}"),
         })?;
+        // The phases after this one work on the decompressed bytes.
+        progress.note_size(out.len() as u64);
         return Ok((InputBytes::Owned(out), Compression::Gzip));
     }
     if raw.starts_with(ZSTD_MAGIC) {
@@ -194,6 +217,8 @@ pub fn read_input_with(
             path: name.clone(),
             message: format!("zstd data is corrupt: {e}"),
         })?;
+        // The phases after this one work on the decompressed bytes.
+        progress.note_size(out.len() as u64);
         return Ok((InputBytes::Owned(out), Compression::Zstd));
     }
     Ok((raw, Compression::None))

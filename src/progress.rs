@@ -3,8 +3,8 @@
 //! Library users get no bar unless they call [`enable`].
 
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -71,7 +71,12 @@ pub struct Loading {
     name: String,
     label: &'static str,
     total: Option<u64>,
+    /// The largest size known for this input (on disk, decompressed): phases without a
+    /// position of their own show a spinner when it is big.
+    size: u64,
     bar: Option<ProgressBar>,
+    /// The thread that moves the bar for a [`Loading::parallel_phase`], and its stop flag.
+    watcher: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Loading {
@@ -81,7 +86,9 @@ impl Loading {
             name: short_name(name),
             label: "",
             total: None,
+            size: 0,
             bar: None,
+            watcher: None,
         }
     }
 
@@ -91,7 +98,9 @@ impl Loading {
             name: String::new(),
             label: "",
             total: None,
+            size: 0,
             bar: None,
+            watcher: None,
         }
     }
 
@@ -99,13 +108,22 @@ impl Loading {
         bytes >= MIN_BYTES && !self.name.is_empty() && ENABLED.load(Ordering::Relaxed)
     }
 
+    /// Records the size of the input (e.g. the file on disk) once it is known.
+    pub fn note_size(&mut self, bytes: u64) {
+        self.size = self.size.max(bytes);
+    }
+
     /// Starts a phase (`reading`, `decompressing`, `parsing`, …) over `total` bytes (`None` =
-    /// unknown: a spinner). The bar appears when `total` is big; with an unknown total, when
-    /// [`Loading::set`] passes [`MIN_BYTES`].
+    /// no position: a spinner). The bar appears when `total` (or the input's known size) is
+    /// big; with neither, when [`Loading::set`] passes [`MIN_BYTES`].
     pub fn phase(&mut self, label: &'static str, total: Option<u64>) {
+        self.stop_watcher();
         self.label = label;
         self.total = total;
-        if self.bar.is_none() && total.is_some_and(|t| self.visible_for(t)) {
+        if let Some(t) = total {
+            self.note_size(t);
+        }
+        if self.bar.is_none() && self.visible_for(self.size) {
             self.bar = Some(multi().add(ProgressBar::new(0)));
         }
         if let Some(bar) = &self.bar {
@@ -115,11 +133,39 @@ impl Loading {
         }
     }
 
+    /// A phase over `total` bytes done by several threads: they add the bytes they finish to the
+    /// returned counter (`fetch_add`, relaxed), and the bar follows it ten times a second.
+    pub fn parallel_phase(&mut self, label: &'static str, total: u64) -> Arc<AtomicU64> {
+        self.phase(label, Some(total));
+        let counter = Arc::new(AtomicU64::new(0));
+        if let Some(bar) = &self.bar {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (bar, done, flag) = (bar.clone(), Arc::clone(&counter), Arc::clone(&stop));
+            let handle = std::thread::spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    bar.set_position(done.load(Ordering::Relaxed));
+                    std::thread::park_timeout(Duration::from_millis(100));
+                }
+            });
+            self.watcher = Some((stop, handle));
+        }
+        counter
+    }
+
+    fn stop_watcher(&mut self) {
+        if let Some((stop, handle)) = self.watcher.take() {
+            stop.store(true, Ordering::Relaxed);
+            handle.thread().unpark();
+            let _ = handle.join();
+        }
+    }
+
     /// A spinner for work on an input of `size` bytes that reports no position (analysing a
     /// big snapshot); drawn only when the input is big.
     pub fn busy(name: &str, size: u64, label: &'static str) -> Loading {
         let mut l = Loading::new(name);
         l.label = label;
+        l.size = size;
         if l.visible_for(size) {
             let bar = multi().add(ProgressBar::new(0));
             l.restyle(&bar);
@@ -140,7 +186,16 @@ impl Loading {
                 bar.enable_steady_tick(Duration::from_millis(120));
             }
         }
-        bar.set_message(format!("{}: {}", self.name, self.label));
+        if self.total.is_none() && self.size > 0 {
+            bar.set_message(format!(
+                "{}: {} {}",
+                self.name,
+                self.label,
+                crate::units::format_bytes(self.size)
+            ));
+        } else {
+            bar.set_message(format!("{}: {}", self.name, self.label));
+        }
     }
 
     /// Bytes of the current phase done so far.
@@ -173,6 +228,7 @@ impl Loading {
 
 impl Drop for Loading {
     fn drop(&mut self) {
+        self.stop_watcher();
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
             multi().remove(&bar);
@@ -212,8 +268,11 @@ mod tests {
     fn hidden_unless_enabled_and_big() {
         let mut l = Loading::new("x.pickle");
         l.phase("parsing", Some(MIN_BYTES * 2));
-        // Tests never enable the bar: nothing is drawn.
+        // Tests never enable the bar: nothing is drawn, and no thread is started.
         assert!(l.bar.is_none());
+        let counter = l.parallel_phase("parsing", MIN_BYTES * 2);
+        counter.fetch_add(10, Ordering::Relaxed);
+        assert!(l.watcher.is_none());
         assert_eq!(short_name("a/b/rank3.pickle"), "rank3.pickle");
         assert_eq!(short_name(&"x".repeat(50)).chars().count(), 40);
     }

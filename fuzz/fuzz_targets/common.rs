@@ -22,6 +22,11 @@ pub fn analyse(snapshot: Snapshot, len: usize) {
         compression: Compression::None,
         snapshot,
     };
+    let stats = snapscan::report::StatsOutput {
+        schema_version: SCHEMA_VERSION,
+        files: vec![snapscan::analysis::stats::file_stats(&loaded, None)],
+    };
+    assert!(!snapscan::render::stats_text::render(&stats).is_empty());
     let file = file_report(&loaded, &ReportOptions::default());
     assert!(file.devices.len() <= loaded.snapshot.devices().len());
     let report = Report {
@@ -37,4 +42,11 @@ pub fn analyse(snapshot: Snapshot, len: usize) {
     assert!(!text.is_empty());
     let json = snapscan::render::json(&report);
     assert!(!json.is_empty());
+    let budgets = snapscan::report::Budgets {
+        max_peak_bytes: Some(1 << 30),
+        max_reserved_bytes: Some(1 << 30),
+        max_fragmentation_ratio: Some(0.5),
+        fail_on_oom: true,
+    };
+    let _ = snapscan::analysis::check::check(&report, &budgets);
 }

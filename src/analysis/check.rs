@@ -19,7 +19,9 @@ use crate::report::{
 
 /// The fragmentation ratio of a segment layout (the same formula as `fragmentation_at_peak`).
 pub fn fragmentation_ratio(segments: &[SegmentReport]) -> f64 {
-    let free: u64 = segments.iter().map(|s| s.free_bytes).sum();
+    let free = segments
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.free_bytes));
     let largest = segments
         .iter()
         .map(|s| s.largest_hole_bytes)

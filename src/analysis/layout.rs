@@ -70,14 +70,12 @@ fn guess_kind(size: u64) -> PoolKind {
 /// True when nothing after `event` changes blocks or segments, so the dump is that moment.
 fn dump_is_moment(snapshot: &Snapshot, device: i64, event: u32) -> bool {
     let trace = snapshot.trace(device);
-    trace
-        .range(event as usize + 1..trace.len())
-        .all(|e| {
-            matches!(
-                e.action,
-                Action::Oom | Action::Snapshot | Action::Annotate | Action::Other
-            )
-        })
+    trace.range(event as usize + 1..trace.len()).all(|e| {
+        matches!(
+            e.action,
+            Action::Oom | Action::Snapshot | Action::Annotate | Action::Other
+        )
+    })
 }
 
 fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
@@ -108,9 +106,12 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
                         layout.largest_hole_bytes = layout.largest_hole_bytes.max(hole);
                         in_hole = false;
                     }
-                    layout.allocated_bytes += b.size;
-                    layout.requested_bytes += b.requested_size;
-                    layout.internal_waste_bytes += b.size.saturating_sub(b.requested_size);
+                    layout.allocated_bytes = layout.allocated_bytes.saturating_add(b.size);
+                    layout.requested_bytes =
+                        layout.requested_bytes.saturating_add(b.requested_size);
+                    layout.internal_waste_bytes = layout
+                        .internal_waste_bytes
+                        .saturating_add(b.size.saturating_sub(b.requested_size));
                     layout.blocks.push(LayoutBlock {
                         offset,
                         size: b.size,
@@ -123,8 +124,8 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
                         in_hole = true;
                         hole = 0;
                     }
-                    hole += b.size;
-                    layout.free_bytes += b.size;
+                    hole = hole.saturating_add(b.size);
+                    layout.free_bytes = layout.free_bytes.saturating_add(b.size);
                     layout.blocks.push(LayoutBlock {
                         offset,
                         size: b.size,
@@ -189,10 +190,10 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
                     .range(..=e.addr)
                     .next_back()
                     .map(|(_, s)| s.clone())
-                    .filter(|s| e.addr < s.address + s.size);
+                    .filter(|s| e.addr < s.address.saturating_add(s.size));
                 if let Some(s) = containing {
                     segs.remove(&s.address);
-                    let end = s.address + s.size;
+                    let end = s.address.saturating_add(s.size);
                     let cut_end = e.addr.saturating_add(e.size).min(end);
                     if e.addr > s.address {
                         segs.insert(
@@ -225,7 +226,9 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
                     .next_back()
                     .map(|(_, s)| s.clone())
                     .filter(|p| {
-                        p.address + p.size == e.addr && p.expandable && p.stream == e.stream
+                        p.address.saturating_add(p.size) == e.addr
+                            && p.expandable
+                            && p.stream == e.stream
                     })
                 {
                     segs.remove(&prev.address);
@@ -237,7 +240,7 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
                     .filter(|n| n.expandable && n.stream == e.stream)
                 {
                     segs.remove(&next.address);
-                    end = next.address + next.size;
+                    end = next.address.saturating_add(next.size);
                 }
                 let t = template.unwrap_or(SegInfo {
                     address: start,
@@ -280,9 +283,9 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
         _ => None,
     };
     let mut per_segment: BTreeMap<u64, Vec<(u64, u64, u64, bool)>> = BTreeMap::new();
-    for a in replay.live_after(event) {
+    for a in replay.live(event) {
         if let Some((&start, s)) = segs.range(..=a.address).next_back() {
-            if a.address < s.address + s.size {
+            if a.address < s.address.saturating_add(s.size) {
                 let pending = a
                     .free_requested_event
                     .is_some_and(|f| event.is_some_and(|e| f <= e));
@@ -299,7 +302,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
         .map(|s| {
             let mut allocs = per_segment.remove(&s.address).unwrap_or_default();
             allocs.sort_unstable();
-            let end = s.address + s.size;
+            let end = s.address.saturating_add(s.size);
             let mut layout = SegmentLayout {
                 address: s.address,
                 total_bytes: s.size,

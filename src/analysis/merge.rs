@@ -4,32 +4,42 @@
 use std::path::Path;
 
 use rayon::prelude::*;
+use serde::Deserialize;
 
-use super::report::{rank_from_name, rank_table};
+use super::report::{rank_from_name, rank_row, rank_table_from_rows};
 use crate::input::{display_name, read_input, InputError};
-use crate::report::{FileReport, MergeReport, Report, SCHEMA_VERSION};
+use crate::report::{FileReport, MergeReport, RankRow, Report, SCHEMA_VERSION};
 
-/// Reads one JSON report (plain, gzip or zstd; `-` = stdin) and keeps what the rank table needs:
-/// the per-allocation and per-segment lists are dropped so that thousands of reports fit in
-/// memory.
-pub fn read_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
-    let mut files = read_full_report(path)?;
-    for f in &mut files {
-        for d in &mut f.devices {
-            d.live_at_peak = Vec::new();
-            d.held_open.allocations = Vec::new();
-            d.segments = Vec::new();
-            for o in &mut d.oom {
-                o.segments = Vec::new();
-                o.live_by_call_site = Vec::new();
-            }
-        }
-    }
-    Ok(files)
+/// The few fields of a report that the rank table needs. Everything else is skipped, so reports
+/// written by other versions of snapscan (same `schema_version`, other fields) merge, and
+/// thousands of them fit in memory.
+#[derive(Deserialize)]
+struct SlimFile {
+    path: String,
+    devices: Vec<SlimDevice>,
 }
 
-/// Reads the files of one JSON report written by `snapscan report --format json`.
-pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
+#[derive(Deserialize)]
+struct SlimDevice {
+    peak: SlimPeak,
+    #[serde(rename = "final")]
+    final_state: SlimFinal,
+    oom: Vec<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct SlimPeak {
+    requested_bytes: i64,
+}
+
+#[derive(Deserialize)]
+struct SlimFinal {
+    reserved_bytes: u64,
+}
+
+/// Reads a JSON document (plain, gzip or zstd; `-` = stdin) and checks that it is a report of
+/// this schema version.
+fn read_report_value(path: &Path) -> Result<serde_json::Value, InputError> {
     let name = display_name(path);
     let err = |message: String| InputError::Format {
         path: name.clone(),
@@ -38,30 +48,61 @@ pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
     let (bytes, _) = read_input(path)?;
     let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
         err(format!(
-            "not JSON ({e}); merge reads the output of `snapscan report --format json`"
+            "not JSON ({e}); expected the output of `snapscan report --format json`"
         ))
     })?;
     match value.get("schema_version").and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(SCHEMA_VERSION) => {}
-        Some(v) => {
-            return Err(err(format!(
-                "schema_version {v}: this snapscan reads reports of schema_version {SCHEMA_VERSION}"
-            )))
-        }
-        None => {
-            return Err(err(
-                "no schema_version: not a report written by `snapscan report --format json`".into(),
-            ))
-        }
+        Some(v) if v == u64::from(SCHEMA_VERSION) => Ok(value),
+        Some(v) => Err(err(format!(
+            "schema_version {v}: this snapscan reads reports of schema_version {SCHEMA_VERSION}"
+        ))),
+        None => Err(err(
+            "no schema_version: not a report written by `snapscan report --format json`".into(),
+        )),
     }
-    let report: Report = serde_json::from_value(value)
-        .map_err(|e| err(format!("not a `snapscan report --format json` output: {e}")))?;
+}
+
+/// The rank-table rows of one JSON report (one row per analysed file).
+pub fn read_report_rows(path: &Path) -> Result<Vec<RankRow>, InputError> {
+    let mut value = read_report_value(path)?;
+    let files: Vec<SlimFile> =
+        serde_json::from_value(value["files"].take()).map_err(|e| InputError::Format {
+            path: display_name(path),
+            message: format!("not a `snapscan report --format json` output: {e}"),
+        })?;
+    Ok(files
+        .iter()
+        .map(|f| {
+            rank_row(
+                &f.path,
+                f.devices.iter().map(|d| {
+                    (
+                        d.peak.requested_bytes,
+                        d.final_state.reserved_bytes,
+                        !d.oom.is_empty(),
+                    )
+                }),
+            )
+        })
+        .collect())
+}
+
+/// Reads the files of one JSON report written by `snapscan report --format json`, in full (for
+/// `diff` against a stored baseline).
+pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
+    let value = read_report_value(path)?;
+    let report: Report = serde_json::from_value(value).map_err(|e| InputError::Format {
+        path: display_name(path),
+        message: format!(
+            "not a complete `snapscan report --format json` output of this version: {e}"
+        ),
+    })?;
     Ok(report.files)
 }
 
 /// Reads every report in parallel (in the order given) and builds the table.
 pub fn merge_files(paths: &[std::path::PathBuf]) -> Result<MergeReport, InputError> {
-    let read: Vec<_> = paths.par_iter().map(|p| read_report(p)).collect();
+    let read: Vec<_> = paths.par_iter().map(|p| read_report_rows(p)).collect();
     let mut inputs = Vec::with_capacity(paths.len());
     for (p, r) in paths.iter().zip(read) {
         inputs.push((display_name(p), r?));
@@ -69,37 +110,32 @@ pub fn merge_files(paths: &[std::path::PathBuf]) -> Result<MergeReport, InputErr
     Ok(merge(inputs))
 }
 
-/// The cross-rank table of the files of several reports. Ranks come from the snapshot names
-/// (`rank3.pickle`), else from the report's name (`reports/rank3.json`) when it holds one file.
-/// Snapshot paths that occur in several reports (every node wrote `snapshot.pickle`) are shown
-/// as `REPORT: PATH`. Rows are ordered by rank, then path.
-pub fn merge(inputs: Vec<(String, Vec<FileReport>)>) -> MergeReport {
+/// The cross-rank table of the rows of several reports (`(report name, rows)`). Ranks come from
+/// the snapshot names (`rank3.pickle`), else from the report's name (`reports/rank3.json`) when
+/// it holds one file. Snapshot paths that occur in several reports (every node wrote
+/// `snapshot.pickle`) are shown as `REPORT: PATH`. Rows are ordered by rank, then path.
+pub fn merge(inputs: Vec<(String, Vec<RankRow>)>) -> MergeReport {
     let mut seen = std::collections::HashMap::<String, usize>::new();
-    for (_, files) in &inputs {
-        for f in files {
-            *seen.entry(f.path.clone()).or_default() += 1;
+    for (_, rows) in &inputs {
+        for r in rows {
+            *seen.entry(r.path.clone()).or_default() += 1;
         }
     }
-    let mut files = Vec::new();
-    let mut fallback_ranks = Vec::new();
     let names: Vec<String> = inputs.iter().map(|(n, _)| n.clone()).collect();
-    for (name, report_files) in inputs {
-        let single = report_files.len() == 1;
-        for mut f in report_files {
-            let fallback = if single { rank_from_name(&name) } else { None };
-            if seen.get(&f.path).copied().unwrap_or(0) > 1 {
-                f.path = format!("{name}: {}", f.path);
+    let mut rows = Vec::new();
+    for (name, report_rows) in inputs {
+        let single = report_rows.len() == 1;
+        for mut r in report_rows {
+            if seen.get(&r.path).copied().unwrap_or(0) > 1 {
+                r.path = format!("{name}: {}", r.path);
             }
-            fallback_ranks.push(fallback);
-            files.push(f);
+            if r.rank.is_none() && single {
+                r.rank = rank_from_name(&name);
+            }
+            rows.push(r);
         }
     }
-    let mut table = rank_table(&files);
-    for (row, fallback) in table.rows.iter_mut().zip(fallback_ranks) {
-        if row.rank.is_none() {
-            row.rank = fallback;
-        }
-    }
+    let mut table = rank_table_from_rows(rows);
     table.rows.sort_by(|a, b| {
         (a.rank.is_none(), a.rank, &a.path).cmp(&(b.rank.is_none(), b.rank, &b.path))
     });
@@ -107,5 +143,48 @@ pub fn merge(inputs: Vec<(String, Vec<FileReport>)>) -> MergeReport {
         schema_version: SCHEMA_VERSION,
         inputs: names,
         ranks: table,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, peak: i64) -> RankRow {
+        rank_row(path, [(peak, 10, false)].into_iter())
+    }
+
+    #[test]
+    fn ranks_fall_back_to_the_report_name_and_clashing_paths_get_it_as_prefix() {
+        let m = merge(vec![
+            (
+                "reports/rank1.json".into(),
+                vec![row("snapshot.pickle", 100)],
+            ),
+            (
+                "reports/rank0.json".into(),
+                vec![row("snapshot.pickle", 100)],
+            ),
+            (
+                "reports/other.json".into(),
+                vec![row("run_rank2.pickle", 200)],
+            ),
+        ]);
+        let got: Vec<(Option<u64>, &str)> = m
+            .ranks
+            .rows
+            .iter()
+            .map(|r| (r.rank, r.path.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(0), "reports/rank0.json: snapshot.pickle"),
+                (Some(1), "reports/rank1.json: snapshot.pickle"),
+                (Some(2), "run_rank2.pickle"),
+            ]
+        );
+        assert_eq!(m.ranks.median_peak_requested_bytes, 100);
+        assert!(m.ranks.rows[2].outlier);
     }
 }

@@ -1,13 +1,14 @@
 //! Figures computed from the typed model.
 
+pub mod advice;
 pub mod callsite;
+pub mod category;
 pub mod check;
 pub mod diff;
 pub mod layout;
 pub mod merge;
+pub mod phase;
+pub mod quality;
 pub mod replay;
 pub mod report;
 pub mod stats;
-pub mod phase;
-pub mod advice;
-pub mod category;

@@ -4,9 +4,11 @@
 //! Lifetime = from `alloc` to `free_completed` (MemoryViz's definition): a block is unusable and
 //! still counts between `free_requested` and `free_completed`.
 
+use std::sync::OnceLock;
+
 use rustc_hash::FxHashMap;
 
-use crate::snapshot::{Action, BlockState, Snapshot, StackId};
+use crate::snapshot::{Action, BlockState, Snapshot, StackId, Trace, TraceEntry};
 
 /// Where an allocation's record comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,7 +21,7 @@ pub enum Origin {
     Ghost,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Allocation {
     pub address: u64,
     pub requested_bytes: u64,
@@ -42,33 +44,371 @@ pub struct Allocation {
 impl Allocation {
     /// Alive after event `event` was applied (`None` = at window start).
     pub fn alive_after(&self, event: Option<u32>) -> bool {
-        let born = match (self.alloc_event, event) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(a), Some(e)) => a <= e,
-        };
-        let dead = match (self.free_event, event) {
-            (None, _) => false,
-            (Some(_), None) => false,
-            (Some(f), Some(e)) => f <= e,
-        };
-        born && !dead
+        alive(
+            self.alloc_event.unwrap_or(NONE),
+            self.free_event.unwrap_or(NONE),
+            event,
+        )
     }
 }
 
-/// A level over the trace: `start` before the first event, `after[i]` after event i.
+const NONE: u32 = u32::MAX;
+
+fn opt(v: u32) -> Option<u32> {
+    (v != NONE).then_some(v)
+}
+
+#[inline]
+fn alive(alloc: u32, free: u32, event: Option<u32>) -> bool {
+    let born = match (alloc, event) {
+        (NONE, _) => true,
+        (_, None) => false,
+        (a, Some(e)) => a <= e,
+    };
+    let dead = match (free, event) {
+        (NONE, _) | (_, None) => false,
+        (f, Some(e)) => f <= e,
+    };
+    born && !dead
+}
+
+/// The allocations of one device, 12 bytes each: their events. Address, size, stack and stream
+/// are read from the trace entry that recorded them (the `alloc`, or the free for allocations
+/// made before the window); allocations only the dump knows ("ghosts") are kept whole.
+///
+/// `values()`, `get()` and `live()` build [`Allocation`]s on the fly. `iter()`, indexing and
+/// `&allocations` in a `for` loop give references into a full copy made on first use (24 bytes
+/// and more per allocation: for the pictures, not for big analyses).
+#[derive(Clone, Debug, Default)]
+pub struct Allocations {
+    trace: Trace,
+    /// (alloc, free_requested, free) event per traced allocation; `NONE` = none.
+    events: Vec<[u32; 3]>,
+    /// Block bytes from the dump, by allocation index (survivors only).
+    exact: FxHashMap<u32, u64>,
+    ghosts: Vec<Allocation>,
+    full: OnceLock<Vec<Allocation>>,
+}
+
+impl Allocations {
+    pub fn len(&self) -> usize {
+        self.events.len() + self.ghosts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn build(&self, i: usize, entry: TraceEntry) -> Allocation {
+        let [alloc, requested, free] = self.events[i];
+        let exact = self.exact.get(&(i as u32)).copied();
+        Allocation {
+            address: entry.addr,
+            requested_bytes: entry.size,
+            block_bytes: exact.unwrap_or_else(|| round_size(entry.size)),
+            block_bytes_exact: exact.is_some(),
+            alloc_event: opt(alloc),
+            free_requested_event: opt(requested),
+            free_event: opt(free),
+            stack: entry.frames,
+            stream: entry.stream,
+            origin: if alloc != NONE {
+                Origin::Traced
+            } else {
+                Origin::FreedInWindow
+            },
+        }
+    }
+
+    /// Index of the trace entry that describes traced allocation `i`.
+    fn source(&self, i: usize) -> usize {
+        let [alloc, _, free] = self.events[i];
+        if alloc != NONE {
+            alloc as usize
+        } else {
+            free as usize
+        }
+    }
+
+    /// Allocation `i` (`None` past the end).
+    pub fn get(&self, i: usize) -> Option<Allocation> {
+        if i < self.events.len() {
+            let entry = self.trace.get(self.source(i))?;
+            Some(self.build(i, entry))
+        } else {
+            self.ghosts.get(i - self.events.len()).copied()
+        }
+    }
+
+    /// Every allocation, by value, in order (traced ones in the order of their first event).
+    pub fn values(&self) -> impl Iterator<Item = Allocation> + '_ {
+        // Sources only grow: one pass over the trace.
+        let mut entries = self.trace.iter().enumerate();
+        let traced = (0..self.events.len()).filter_map(move |i| {
+            let want = self.source(i);
+            let (_, entry) = entries.find(|(k, _)| *k == want)?;
+            Some(self.build(i, entry))
+        });
+        traced.chain(self.ghosts.iter().copied())
+    }
+
+    /// Allocations alive after `event` (`None` = window start), by value.
+    pub fn live(&self, event: Option<u32>) -> impl Iterator<Item = Allocation> + '_ {
+        let traced = self
+            .events
+            .iter()
+            .enumerate()
+            .filter(move |(_, ev)| alive(ev[0], ev[2], event))
+            .filter_map(|(i, _)| self.get(i));
+        let ghosts = self
+            .ghosts
+            .iter()
+            .filter(move |a| a.alive_after(event))
+            .copied();
+        traced.chain(ghosts)
+    }
+
+    /// How many allocations were made before the window (freed in it, or ghosts).
+    pub fn before_window(&self) -> usize {
+        self.events.iter().filter(|ev| ev[0] == NONE).count() + self.ghosts.len()
+    }
+
+    /// All allocations as a slice (built on first use).
+    pub fn as_slice(&self) -> &[Allocation] {
+        self.full.get_or_init(|| self.values().collect())
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Allocation> {
+        self.as_slice().iter()
+    }
+}
+
+impl std::ops::Index<usize> for Allocations {
+    type Output = Allocation;
+    fn index(&self, i: usize) -> &Allocation {
+        &self.as_slice()[i]
+    }
+}
+
+impl<'a> IntoIterator for &'a Allocations {
+    type Item = &'a Allocation;
+    type IntoIter = std::slice::Iter<'a, Allocation>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+/// Events per checkpoint of a [`Curve`].
+const STEP: usize = 256;
+
+/// A level over the trace: `start` before the first event, then one change per event. Stored as
+/// 4-byte changes with a checkpoint every 256 events (or only the events that change it, when
+/// few do), so `at` costs a few hundred additions at most.
 #[derive(Clone, Debug, Default)]
 pub struct Curve {
     pub start: i64,
-    pub after: Vec<i64>,
+    len: usize,
+    /// Per event; `WIDE` = the change is in `wide`.
+    deltas: Vec<i32>,
+    wide: Vec<(u32, i64)>,
+    /// (event, change) for the events that change a sparse curve (`deltas` is then empty).
+    sparse: Vec<(u32, i64)>,
+    /// Level after `k * STEP` events.
+    checkpoints: Vec<i64>,
+}
+
+const WIDE: i32 = i32::MIN;
+
+/// Changes per event while a replay runs.
+struct Deltas {
+    dense: Vec<i32>,
+    wide: FxHashMap<u32, i64>,
+}
+
+impl Deltas {
+    fn new(n: usize) -> Deltas {
+        Deltas {
+            dense: vec![0; n],
+            wide: FxHashMap::default(),
+        }
+    }
+
+    fn get(&self, i: usize) -> i64 {
+        match self.dense[i] {
+            WIDE => self.wide.get(&(i as u32)).copied().unwrap_or(0),
+            d => d as i64,
+        }
+    }
+
+    fn add(&mut self, i: usize, v: i64) {
+        let old = self.dense[i];
+        let new = self.get(i).saturating_add(v);
+        match i32::try_from(new) {
+            Ok(d) if d != WIDE => {
+                self.dense[i] = d;
+                if old == WIDE {
+                    self.wide.remove(&(i as u32));
+                }
+            }
+            _ => {
+                self.dense[i] = WIDE;
+                self.wide.insert(i as u32, new);
+            }
+        }
+    }
+
+    fn sum(&self) -> i64 {
+        (0..self.dense.len()).fold(0i64, |s, i| s.saturating_add(self.get(i)))
+    }
+
+    fn into_curve(self, start: i64) -> Curve {
+        let len = self.dense.len();
+        let changes = self.dense.iter().filter(|&&d| d != 0).count();
+        let mut c = Curve {
+            start,
+            len,
+            ..Curve::default()
+        };
+        if changes * 4 < len {
+            // Sparse (reserved memory changes only at segment events).
+            c.sparse = (0..len)
+                .filter(|&i| self.dense[i] != 0)
+                .map(|i| (i as u32, self.get(i)))
+                .collect();
+        } else {
+            let mut wide: Vec<(u32, i64)> = self.wide.into_iter().collect();
+            wide.sort_unstable();
+            c.deltas = self.dense;
+            c.wide = wide;
+        }
+        let mut level = start;
+        let mut checkpoints = Vec::with_capacity(len / STEP + 1);
+        for (i, d) in c.changes(0).enumerate() {
+            if i % STEP == 0 {
+                checkpoints.push(level);
+            }
+            level = level.saturating_add(d);
+        }
+        c.checkpoints = checkpoints;
+        c
+    }
+}
+
+/// Changes of a curve from event `from` on.
+struct Changes<'a> {
+    c: &'a Curve,
+    i: usize,
+    /// Next index into `sparse`.
+    k: usize,
+}
+
+impl Iterator for Changes<'_> {
+    type Item = i64;
+
+    #[inline]
+    fn next(&mut self) -> Option<i64> {
+        if self.i >= self.c.len {
+            return None;
+        }
+        let i = self.i;
+        self.i += 1;
+        Some(self.c.change_at(i, &mut self.k))
+    }
 }
 
 impl Curve {
-    /// Level after `event` (`None` = window start).
+    /// A curve from its levels after each event (tests, and callers that compute levels).
+    pub fn from_levels(start: i64, after: &[i64]) -> Curve {
+        let mut d = Deltas::new(after.len());
+        let mut prev = start;
+        for (i, &v) in after.iter().enumerate() {
+            d.add(i, v.wrapping_sub(prev));
+            prev = v;
+        }
+        let c = d.into_curve(start);
+        debug_assert!(c.levels().eq(after.iter().copied()));
+        c
+    }
+
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Change at event `i`; `k` is a cursor into `sparse` (moved to the first entry ≥ i).
+    #[inline]
+    fn change_at(&self, i: usize, k: &mut usize) -> i64 {
+        if self.sparse.is_empty() || !self.deltas.is_empty() {
+            return match self.deltas.get(i) {
+                Some(&WIDE) => self
+                    .wide
+                    .binary_search_by_key(&(i as u32), |w| w.0)
+                    .map_or(0, |j| self.wide[j].1),
+                Some(&d) => d as i64,
+                None => 0,
+            };
+        }
+        while *k < self.sparse.len() && (self.sparse[*k].0 as usize) < i {
+            *k += 1;
+        }
+        match self.sparse.get(*k) {
+            Some(&(e, v)) if e as usize == i => v,
+            _ => 0,
+        }
+    }
+
+    fn changes(&self, from: usize) -> Changes<'_> {
+        let k = self.sparse.partition_point(|w| (w.0 as usize) < from);
+        Changes {
+            c: self,
+            i: from,
+            k,
+        }
+    }
+
+    /// Level after the first `n` events (`n = 0`: the start).
+    fn level(&self, n: usize) -> i64 {
+        let n = n.min(self.len);
+        let block = n / STEP;
+        let Some(&base) = self.checkpoints.get(block) else {
+            return self.start;
+        };
+        let mut level = base;
+        for d in self.changes(block * STEP).take(n - block * STEP) {
+            level = level.saturating_add(d);
+        }
+        level
+    }
+
+    /// Level after `event` (`None` = window start; past the end: the start, as before).
     pub fn at(&self, event: Option<u32>) -> i64 {
         match event {
-            None => self.start,
-            Some(e) => self.after.get(e as usize).copied().unwrap_or(self.start),
+            Some(e) if (e as usize) < self.len => self.level(e as usize + 1),
+            _ => self.start,
+        }
+    }
+
+    /// Levels after each event, in order (reversible).
+    pub fn levels(&self) -> Levels<'_> {
+        self.levels_from(0)
+    }
+
+    /// Levels after events `first..`, in order: `at` for a run of events, without starting
+    /// over from a checkpoint for each.
+    pub fn levels_from(&self, first: usize) -> Levels<'_> {
+        let first = first.min(self.len);
+        Levels {
+            c: self,
+            front: first,
+            back: self.len,
+            front_level: self.level(first),
+            fk: self.sparse.partition_point(|w| (w.0 as usize) < first),
+            buf: Vec::new(),
+            buf_start: 0,
         }
     }
 
@@ -76,7 +416,7 @@ impl Curve {
     /// reached (`None` = already at window start).
     pub fn peak(&self) -> (i64, Option<u32>) {
         let mut best = (self.start, None);
-        for (i, &v) in self.after.iter().enumerate() {
+        for (i, v) in self.levels().enumerate() {
             if v > best.0 {
                 best = (v, Some(i as u32));
             }
@@ -84,6 +424,69 @@ impl Curve {
         best
     }
 }
+
+/// Iterator over the levels of a [`Curve`].
+pub struct Levels<'a> {
+    c: &'a Curve,
+    front: usize,
+    back: usize,
+    /// Level after `front` events.
+    front_level: i64,
+    fk: usize,
+    /// Levels after events `buf_start..` of the block `back` is in (for going backwards).
+    buf: Vec<i64>,
+    buf_start: usize,
+}
+
+impl Iterator for Levels<'_> {
+    type Item = i64;
+
+    #[inline]
+    fn next(&mut self) -> Option<i64> {
+        if self.front >= self.back {
+            return None;
+        }
+        let d = self.c.change_at(self.front, &mut self.fk);
+        self.front_level = self.front_level.saturating_add(d);
+        self.front += 1;
+        Some(self.front_level)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.back - self.front;
+        (n, Some(n))
+    }
+}
+
+impl DoubleEndedIterator for Levels<'_> {
+    fn next_back(&mut self) -> Option<i64> {
+        if self.front >= self.back {
+            return None;
+        }
+        self.back -= 1;
+        let i = self.back;
+        if self.buf.is_empty() || i < self.buf_start {
+            // Levels of i's block, forward from its checkpoint (exact where levels saturate).
+            let start = i / STEP * STEP;
+            let mut level = self
+                .c
+                .checkpoints
+                .get(i / STEP)
+                .copied()
+                .unwrap_or(self.c.start);
+            self.buf.clear();
+            for d in self.c.changes(start).take(i + 1 - start) {
+                level = level.saturating_add(d);
+                self.buf.push(level);
+            }
+            self.buf_start = start;
+        }
+        self.buf.truncate(i + 1 - self.buf_start);
+        self.buf.pop()
+    }
+}
+
+impl ExactSizeIterator for Levels<'_> {}
 
 /// Evidence that the trace does not start at the beginning of the program.
 #[derive(Clone, Debug, Default)]
@@ -106,7 +509,7 @@ pub struct WindowStart {
 pub struct DeviceReplay {
     pub device: i64,
     pub events: usize,
-    pub allocations: Vec<Allocation>,
+    pub allocations: Allocations,
     /// Σ requested bytes of live allocations (what MemoryViz draws).
     pub requested: Curve,
     /// Σ block bytes of live allocations.
@@ -127,22 +530,33 @@ pub fn round_size(requested: u64) -> u64 {
 
 pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let trace = snapshot.trace(device);
-    let mut allocations: Vec<Allocation> = Vec::new();
-    let mut open: FxHashMap<u64, usize> = FxHashMap::default();
+    let n = trace.len();
+    let mut allocs = Allocations {
+        trace: trace.clone(),
+        ..Allocations::default()
+    };
+    // Open allocations by address: (index, requested bytes).
+    let mut open: FxHashMap<u64, (u32, u64)> = FxHashMap::default();
     let mut window = WindowStart::default();
-    // Deltas per event; levels are computed once the start levels are known.
-    let mut requested_delta = vec![0i64; trace.len()];
-    let mut allocated_delta = vec![0i64; trace.len()];
-    let mut reserved_delta = vec![0i64; trace.len()];
+    // Changes per event; levels are computed once the start levels are known.
+    let mut requested = Deltas::new(n);
+    let mut allocated = Deltas::new(n);
+    let mut reserved = Deltas::new(n);
     let mut requested_start: i64 = 0;
     let mut allocated_start: i64 = 0;
     let mut known_segments: rustc_hash::FxHashSet<u64> = Default::default();
     let mut unmatched_requests: FxHashMap<u64, u32> = FxHashMap::default();
 
-    let close = |alloc: &mut Allocation, event: usize, rd: &mut [i64], ad: &mut [i64]| {
-        alloc.free_event = Some(event as u32);
-        rd[event] -= alloc.requested_bytes as i64;
-        ad[event] -= alloc.block_bytes as i64;
+    // Closing at event i: the block was the rounded request (exact sizes come from the dump,
+    // only for blocks still open at the end).
+    let close = |events: &mut [[u32; 3]],
+                 (idx, bytes): (u32, u64),
+                 i: usize,
+                 rd: &mut Deltas,
+                 ad: &mut Deltas| {
+        events[idx as usize][2] = i as u32;
+        rd.add(i, signed(bytes).saturating_neg());
+        ad.add(i, signed(round_size(bytes)).saturating_neg());
     };
 
     for (i, e) in trace.iter().enumerate() {
@@ -150,35 +564,19 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             Action::Alloc => {
                 if let Some(old) = open.remove(&e.addr) {
                     window.lost_frees += 1;
-                    close(
-                        &mut allocations[old],
-                        i,
-                        &mut requested_delta,
-                        &mut allocated_delta,
-                    );
+                    close(&mut allocs.events, old, i, &mut requested, &mut allocated);
                 }
-                let block = round_size(e.size);
-                requested_delta[i] += e.size as i64;
-                allocated_delta[i] += block as i64;
-                open.insert(e.addr, allocations.len());
-                allocations.push(Allocation {
-                    address: e.addr,
-                    requested_bytes: e.size,
-                    block_bytes: block,
-                    block_bytes_exact: false,
-                    alloc_event: Some(i as u32),
-                    free_requested_event: None,
-                    free_event: None,
-                    stack: e.frames,
-                    stream: e.stream,
-                    origin: Origin::Traced,
-                });
+                requested.add(i, signed(e.size));
+                allocated.add(i, signed(round_size(e.size)));
+                open.insert(e.addr, (allocs.events.len() as u32, e.size));
+                allocs.events.push([i as u32, NONE, NONE]);
             }
             Action::FreeRequested => match open.get(&e.addr) {
-                Some(&idx) => {
-                    allocations[idx]
-                        .free_requested_event
-                        .get_or_insert(i as u32);
+                Some(&(idx, _)) => {
+                    let r = &mut allocs.events[idx as usize][1];
+                    if *r == NONE {
+                        *r = i as u32;
+                    }
                 }
                 // Allocated before the window; counted once its free completes (as MemoryViz
                 // does: a lone free_requested is not an allocation event).
@@ -187,42 +585,30 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 }
             },
             Action::FreeCompleted => match open.remove(&e.addr) {
-                Some(idx) => {
-                    close(
-                        &mut allocations[idx],
-                        i,
-                        &mut requested_delta,
-                        &mut allocated_delta,
-                    );
-                }
+                Some(old) => close(&mut allocs.events, old, i, &mut requested, &mut allocated),
                 None => {
                     // Allocated before the window: alive from the start until this free.
                     window.unmatched_frees += 1;
-                    let block = round_size(e.size);
-                    requested_start += e.size as i64;
-                    allocated_start += block as i64;
-                    let mut a = Allocation {
-                        address: e.addr,
-                        requested_bytes: e.size,
-                        block_bytes: block,
-                        block_bytes_exact: false,
-                        alloc_event: None,
-                        free_requested_event: unmatched_requests.remove(&e.addr),
-                        free_event: None,
-                        stack: e.frames,
-                        stream: e.stream,
-                        origin: Origin::FreedInWindow,
-                    };
-                    close(&mut a, i, &mut requested_delta, &mut allocated_delta);
-                    allocations.push(a);
+                    requested_start = requested_start.saturating_add(signed(e.size));
+                    allocated_start = allocated_start.saturating_add(signed(round_size(e.size)));
+                    let idx = allocs.events.len() as u32;
+                    let req = unmatched_requests.remove(&e.addr).unwrap_or(NONE);
+                    allocs.events.push([NONE, req, NONE]);
+                    close(
+                        &mut allocs.events,
+                        (idx, e.size),
+                        i,
+                        &mut requested,
+                        &mut allocated,
+                    );
                 }
             },
             Action::SegmentAlloc | Action::SegmentMap => {
-                reserved_delta[i] += e.size as i64;
+                reserved.add(i, signed(e.size));
                 known_segments.insert(e.addr);
             }
             Action::SegmentFree | Action::SegmentUnmap => {
-                reserved_delta[i] -= e.size as i64;
+                reserved.add(i, signed(e.size).saturating_neg());
                 if e.action == Action::SegmentFree && !known_segments.remove(&e.addr) {
                     window.unmatched_segment_frees += 1;
                 }
@@ -238,25 +624,23 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 continue;
             }
             match open.get(&b.address) {
-                Some(&idx) => {
-                    let a = &mut allocations[idx];
-                    let exact = b.size as i64 - a.block_bytes as i64;
+                Some(&(idx, bytes)) => {
+                    let exact = signed(b.size).saturating_sub(signed(round_size(bytes)));
                     if exact != 0 {
                         // Correct the estimate where it entered the curve.
-                        match a.alloc_event {
-                            Some(ev) => allocated_delta[ev as usize] += exact,
-                            None => allocated_start += exact,
+                        match opt(allocs.events[idx as usize][0]) {
+                            Some(ev) => allocated.add(ev as usize, exact),
+                            None => allocated_start = allocated_start.saturating_add(exact),
                         }
                     }
-                    a.block_bytes = b.size;
-                    a.block_bytes_exact = true;
+                    allocs.exact.insert(idx, b.size);
                     open.remove(&b.address);
                 }
                 None if b.state == BlockState::ActiveAllocated => {
                     window.ghosts += 1;
-                    requested_start += b.requested_size as i64;
-                    allocated_start += b.size as i64;
-                    allocations.push(Allocation {
+                    requested_start = requested_start.saturating_add(signed(b.requested_size));
+                    allocated_start = allocated_start.saturating_add(signed(b.size));
+                    allocs.ghosts.push(Allocation {
                         address: b.address,
                         requested_bytes: b.requested_size,
                         block_bytes: b.size,
@@ -271,7 +655,8 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 }
                 None => {
                     window.uncounted_pending_blocks += 1;
-                    window.uncounted_pending_bytes += b.size;
+                    window.uncounted_pending_bytes =
+                        window.uncounted_pending_bytes.saturating_add(b.size);
                 }
             }
         }
@@ -279,35 +664,35 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
 
     let final_reserved: i64 = snapshot
         .segments_of(device)
-        .map(|s| s.total_size as i64)
-        .sum();
-    let reserved_start = final_reserved - reserved_delta.iter().sum::<i64>();
+        .fold(0i64, |sum, s| sum.saturating_add(signed(s.total_size)));
+    let reserved_start = final_reserved.saturating_sub(reserved.sum());
 
     DeviceReplay {
         device,
-        events: trace.len(),
-        allocations,
-        requested: accumulate(requested_start, &requested_delta),
-        allocated: accumulate(allocated_start, &allocated_delta),
-        reserved: accumulate(reserved_start, &reserved_delta),
+        events: n,
+        allocations: allocs,
+        requested: requested.into_curve(requested_start),
+        allocated: allocated.into_curve(allocated_start),
+        reserved: reserved.into_curve(reserved_start),
         window,
     }
 }
 
-fn accumulate(start: i64, deltas: &[i64]) -> Curve {
-    let mut level = start;
-    let after = deltas
-        .iter()
-        .map(|d| {
-            level += d;
-            level
-        })
-        .collect();
-    Curve { start, after }
+/// Bytes as a signed level. Sizes beyond `i64::MAX` (corrupt: no device holds 8 EiB) are clamped
+/// and the levels saturate instead of wrapping; `analysis::quality` flags such sizes.
+fn signed(bytes: u64) -> i64 {
+    i64::try_from(bytes).unwrap_or(i64::MAX)
 }
 
 impl DeviceReplay {
-    /// Allocations alive after `event` (`None` = window start).
+    /// Allocations alive after `event` (`None` = window start), by value: what analyses of
+    /// big traces use.
+    pub fn live(&self, event: Option<u32>) -> impl Iterator<Item = Allocation> + '_ {
+        self.allocations.live(event)
+    }
+
+    /// [`live`](Self::live) as references into the full list of allocations (built on first
+    /// use: for the pictures).
     pub fn live_after(&self, event: Option<u32>) -> impl Iterator<Item = &Allocation> {
         self.allocations
             .iter()
@@ -334,15 +719,9 @@ mod tests {
 
     #[test]
     fn peak_includes_start_level() {
-        let c = Curve {
-            start: 10,
-            after: vec![5, 7, 10],
-        };
+        let c = Curve::from_levels(10, &[5, 7, 10]);
         assert_eq!(c.peak(), (10, None));
-        let c = Curve {
-            start: 0,
-            after: vec![5, 7, 7],
-        };
+        let c = Curve::from_levels(0, &[5, 7, 7]);
         assert_eq!(c.peak(), (7, Some(1)));
     }
 }

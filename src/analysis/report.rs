@@ -101,7 +101,7 @@ fn by_call_site<'a>(
         let g = groups
             .entry(site_of(sites, a))
             .or_insert((0, 0, 0, StackId::EMPTY));
-        g.0 += a.requested_bytes;
+        g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
         if a.requested_bytes >= g.2 {
             g.2 = a.requested_bytes;
@@ -155,9 +155,12 @@ fn kind_name(kind: PoolKind) -> &'static str {
 }
 
 fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentation {
-    let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
-    let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
-    let free: u64 = layout.iter().map(|s| s.free_bytes).sum();
+    // Saturating sums: a corrupt file can hold sizes near 2^64 (flagged by `quality`).
+    let total =
+        |f: fn(&SegmentLayout) -> u64| layout.iter().fold(0u64, |sum, s| sum.saturating_add(f(s)));
+    let reserved = total(|s| s.total_bytes);
+    let allocated = total(|s| s.allocated_bytes);
+    let free = total(|s| s.free_bytes);
     let largest_hole = layout
         .iter()
         .map(|s| s.largest_hole_bytes)
@@ -167,8 +170,7 @@ fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentatio
         .iter()
         .flat_map(|s| s.blocks.iter())
         .filter(|b| b.state == crate::snapshot::BlockState::Inactive && b.size < largest_request)
-        .map(|b| b.size)
-        .sum();
+        .fold(0u64, |sum, b| sum.saturating_add(b.size));
     Fragmentation {
         reserved_bytes: reserved,
         allocated_bytes: allocated,
@@ -194,19 +196,13 @@ fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u
     let Some(p) = peak_event else {
         return (None, curve.start);
     };
-    let before = &curve.after[..p as usize];
-    let floor = before
-        .iter()
-        .copied()
-        .chain([curve.start])
-        .min()
-        .unwrap_or(curve.start);
+    let before = || curve.levels().take(p as usize);
+    let floor = before().chain([curve.start]).min().unwrap_or(curve.start);
     let peak = curve.at(Some(p));
     let half = floor + (peak - floor) / 2;
     let mut in_valley = false;
     let mut best: Option<(Option<u32>, i64)> = None;
-    for i in (0..before.len()).rev() {
-        let v = before[i];
+    for (i, v) in before().enumerate().rev() {
         if v < half {
             in_valley = true;
             if best.is_none_or(|(_, b)| v < b) {
@@ -231,8 +227,12 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
     } else {
         PoolKind::Large
     };
-    let reserved: u64 = layout.iter().map(|s| s.total_bytes).sum();
-    let allocated: u64 = layout.iter().map(|s| s.allocated_bytes).sum();
+    let reserved = layout
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.total_bytes));
+    let allocated = layout
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.allocated_bytes));
     let largest = layout
         .iter()
         .filter(|s| {
@@ -267,7 +267,7 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
         live_by_call_site: by_call_site(
             snapshot,
             &CallSites::new(&snapshot.interner),
-            replay.live_after(Some(event)),
+            replay.live(Some(event)).collect::<Vec<_>>().iter(),
             live_total,
         ),
         segments: layout.iter().map(segment_report).collect(),
@@ -296,7 +296,8 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             .and_then(|t| t.time_us)
     };
 
-    let mut live: Vec<&Allocation> = replay.live_after(peak_event).collect();
+    let live_owned: Vec<Allocation> = replay.live(peak_event).collect();
+    let mut live: Vec<&Allocation> = live_owned.iter().collect();
     live.sort_by(|a, b| {
         b.requested_bytes
             .cmp(&a.requested_bytes)
@@ -349,7 +350,9 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         boundary: boundary.to_owned(),
         boundary_event,
         boundary_requested_bytes: replay.requested.at(boundary_event),
-        bytes: held.iter().map(|a| a.requested_bytes).sum(),
+        bytes: held
+            .iter()
+            .fold(0u64, |sum, a| sum.saturating_add(a.requested_bytes)),
         count: held.len() as u64,
         allocations: held
             .iter()
@@ -383,8 +386,21 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
 
     let first_time = trace.iter().find_map(|e| e.time_us);
     let last_time = trace.iter().rev().find_map(|e| e.time_us);
-    let truncated = replay.starts_mid_run();
+    // Newer allocators may flag a wrapped ring buffer in `allocator_settings`; no released
+    // version examined does, so any boolean key mentioning an overflow counts.
+    let overflow_flag = snapshot
+        .allocator_settings
+        .as_ref()
+        .and_then(|s| s.raw.as_object())
+        .is_some_and(|o| {
+            o.iter()
+                .any(|(k, v)| k.contains("overflow") && v.as_bool() == Some(true))
+        });
+    let truncated = replay.starts_mid_run() || overflow_flag;
     let mut notes = Vec::new();
+    if let Some(s) = &snapshot.salvaged {
+        notes.push(s.describe(snapshot));
+    }
     if trace.is_empty() {
         notes.push(
             "no trace entries for this device: memory history was not recorded \
@@ -422,13 +438,15 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     let mut phases_at_peak: std::collections::BTreeMap<String, u64> =
         std::collections::BTreeMap::new();
     for a in &live_at_peak {
-        *categories_at_peak.entry(a.category.clone()).or_default() += a.requested_bytes;
+        let slot = categories_at_peak.entry(a.category.clone()).or_default();
+        *slot = slot.saturating_add(a.requested_bytes);
         let phase = if a.alloc_event.is_none() {
             "before_window"
         } else {
             a.phase.as_str()
         };
-        *phases_at_peak.entry(phase.to_owned()).or_default() += a.requested_bytes;
+        let slot = phases_at_peak.entry(phase.to_owned()).or_default();
+        *slot = slot.saturating_add(a.requested_bytes);
     }
     if let Some(reason) = &phases.unknown_reason {
         notes.push(format!("phases unknown: {reason}"));
@@ -443,15 +461,11 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             first_time_us: first_time,
             last_time_us: last_time,
             duration_s: match (first_time, last_time) {
-                (Some(a), Some(b)) => Some((b - a) as f64 / 1e6),
+                (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / 1e6),
                 _ => None,
             },
             unmatched_frees: replay.window.unmatched_frees,
-            allocations_before_window: replay
-                .allocations
-                .iter()
-                .filter(|a| a.alloc_event.is_none())
-                .count() as u64,
+            allocations_before_window: replay.allocations.before_window() as u64,
             ghost_blocks: replay.window.ghosts,
             lost_frees: replay.window.lost_frees,
             requested_at_start_bytes: replay.requested.start,
@@ -495,6 +509,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         steps,
         advice: Vec::new(),
         notes,
+        data_quality: super::quality::device_quality(snapshot, device, &replay),
     };
     report.advice = super::advice::advise(
         &report,
@@ -518,8 +533,10 @@ fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
         ) {
             continue;
         }
-        let (peak, at) = (iv.first_event..=iv.last_event)
-            .map(|e| (replay.requested.at(Some(e)), e))
+        let (peak, at) = replay
+            .requested
+            .levels_from(iv.first_event as usize)
+            .zip(iv.first_event..=iv.last_event)
             .fold((i64::MIN, iv.first_event), |best, x| {
                 if x.0 > best.0 {
                     x
@@ -585,31 +602,60 @@ pub fn rank_from_name(path: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// One row of the cross-file table from per-device figures `(peak requested bytes, reserved bytes
+/// at the dump, had an OOM)`: the highest peak, the summed reserved bytes, any OOM. The outlier
+/// flag is set by [`rank_table_from_rows`].
+pub fn rank_row(path: &str, devices: impl Iterator<Item = (i64, u64, bool)>) -> RankRow {
+    let mut row = RankRow {
+        path: path.to_owned(),
+        rank: rank_from_name(path),
+        peak_requested_bytes: 0,
+        reserved_bytes: 0,
+        oom: false,
+        outlier: false,
+    };
+    let mut peak = None;
+    for (p, reserved, oom) in devices {
+        peak = Some(peak.map_or(p, |q: i64| q.max(p)));
+        row.reserved_bytes = row.reserved_bytes.saturating_add(reserved);
+        row.oom |= oom;
+    }
+    row.peak_requested_bytes = peak.unwrap_or(0);
+    row
+}
+
 /// The cross-file table: peak per file, with outliers (peak ≥ 1.2× or ≤ 0.8× the median).
 pub fn rank_table(files: &[FileReport]) -> RankTable {
-    let mut rows: Vec<RankRow> = files
-        .iter()
-        .map(|f| RankRow {
-            path: f.path.clone(),
-            rank: rank_from_name(&f.path),
-            peak_requested_bytes: f
-                .devices
-                .iter()
-                .map(|d| d.peak.requested_bytes)
-                .max()
-                .unwrap_or(0),
-            reserved_bytes: f.devices.iter().map(|d| d.final_state.reserved_bytes).sum(),
-            oom: f.devices.iter().any(|d| !d.oom.is_empty()),
-            outlier: false,
-        })
-        .collect();
+    rank_table_from_rows(
+        files
+            .iter()
+            .map(|f| {
+                rank_row(
+                    &f.path,
+                    f.devices.iter().map(|d| {
+                        (
+                            d.peak.requested_bytes,
+                            d.final_state.reserved_bytes,
+                            !d.oom.is_empty(),
+                        )
+                    }),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// [`rank_table`] from rows made elsewhere (`merge` reads them from JSON reports): the median
+/// and the outliers.
+pub fn rank_table_from_rows(mut rows: Vec<RankRow>) -> RankTable {
     let mut peaks: Vec<i64> = rows.iter().map(|r| r.peak_requested_bytes).collect();
     peaks.sort_unstable();
     let median = peaks.get(peaks.len() / 2).copied().unwrap_or(0);
+    let several = rows_len_ok(rows.len());
     for r in &mut rows {
         let p = r.peak_requested_bytes as f64;
         let m = median as f64;
-        r.outlier = rows_len_ok(files.len()) && m > 0.0 && (p >= 1.2 * m || p <= 0.8 * m);
+        r.outlier = several && m > 0.0 && (p >= 1.2 * m || p <= 0.8 * m);
     }
     RankTable {
         rows,

@@ -10,22 +10,29 @@ use crate::snapshot::{BlockState, LoadedSnapshot, Segment, Snapshot};
 /// requested bytes of `active_allocated` blocks are "allocated"; internal free is their
 /// rounding (size − requested); everything not `active_allocated` is external free.
 pub fn final_state<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> FinalState {
+    // Saturating: a corrupt file can hold sizes near 2^64 (flagged by `analysis::quality`).
+    fn add(sum: &mut u64, v: u64) {
+        *sum = sum.saturating_add(v);
+    }
     let mut f = FinalState::default();
     for seg in segments {
         f.segments += 1;
-        f.reserved_bytes += seg.total_size;
+        add(&mut f.reserved_bytes, seg.total_size);
         for b in &seg.blocks {
             if b.state == BlockState::ActiveAllocated {
-                f.allocated_bytes += b.size;
-                f.requested_bytes += b.requested_size;
+                add(&mut f.allocated_bytes, b.size);
+                add(&mut f.requested_bytes, b.requested_size);
                 // Legacy files can hold requested > size; PyTorch's tool would count a negative
                 // internal waste there, we clamp it (and the totals stay consistent below).
-                f.free_internal_bytes += b.size.saturating_sub(b.requested_size);
+                add(
+                    &mut f.free_internal_bytes,
+                    b.size.saturating_sub(b.requested_size),
+                );
             } else {
-                f.free_external_bytes += b.size;
+                add(&mut f.free_external_bytes, b.size);
             }
             if b.state.is_active() {
-                f.active_bytes += b.size;
+                add(&mut f.active_bytes, b.size);
             }
         }
     }
@@ -60,15 +67,15 @@ fn device_stats(snapshot: &Snapshot, device: i64) -> DeviceStats {
                 allocated_bytes: 0,
             });
         pool.segments += 1;
-        pool.reserved_bytes += seg.total_size;
-        pool.allocated_bytes += seg.allocated_size;
+        pool.reserved_bytes = pool.reserved_bytes.saturating_add(seg.total_size);
+        pool.allocated_bytes = pool.allocated_bytes.saturating_add(seg.allocated_size);
         let stream = streams.entry(seg.stream).or_insert_with(|| StreamStats {
             stream: seg.stream,
             segments: 0,
             reserved_bytes: 0,
         });
         stream.segments += 1;
-        stream.reserved_bytes += seg.total_size;
+        stream.reserved_bytes = stream.reserved_bytes.saturating_add(seg.total_size);
     }
     let trace = snapshot.trace(device);
     let mut by_action: BTreeMap<String, u64> = BTreeMap::new();

@@ -3,12 +3,12 @@
 
 mod json;
 pub mod opcodes;
-mod reader;
+pub(crate) mod reader;
 pub(crate) mod scan;
 mod value;
 
 pub use json::parse_json;
-pub use reader::{parse, parse_with_progress};
+pub use reader::{parse, parse_salvage, parse_with_progress};
 pub use value::{DictId, Document, SeqId, StrId, StringTable, Value};
 
 /// What went wrong while decoding, with the byte offset into the (decompressed) input.
@@ -16,12 +16,26 @@ pub use value::{DictId, Document, SeqId, StrId, StringTable, Value};
 pub enum PickleError {
     #[error("refusing opcode {opcode} at byte {offset}: a memory snapshot holds only plain data")]
     Refused { offset: u64, opcode: &'static str },
-    #[error("truncated at byte {offset} of {len}: {needed} more bytes were expected")]
-    Truncated { offset: u64, len: u64, needed: u64 },
+    /// The input ends before STOP. `inside` names the value that was being built when it
+    /// ended (`device_traces[0]`), when the machine's state tells.
+    #[error("truncated at byte {offset} of {len}{}", inside_text(.inside))]
+    Truncated {
+        offset: u64,
+        len: u64,
+        needed: u64,
+        inside: Option<String>,
+    },
     #[error("invalid pickle at byte {offset}: {message}")]
     Invalid { offset: u64, message: String },
     #[error("invalid JSON: {0}")]
     Json(String),
+}
+
+fn inside_text(inside: &Option<String>) -> String {
+    match inside {
+        Some(path) => format!(" (inside {path})"),
+        None => String::new(),
+    }
 }
 
 impl PickleError {

@@ -17,6 +17,10 @@ const DENSE_MEMO_SLACK: usize = 1 << 20;
 /// Integers wider than this many bytes are not snapshot data (addresses and sizes fit in 9).
 const MAX_INT_BYTES: usize = 16;
 
+/// A FRAME may claim at most this many bytes beyond the end of the input and still count as
+/// cut (CPython's frames are ~64 KiB).
+pub(crate) const MAX_CUT_FRAME: u64 = 1 << 32;
+
 struct Memo {
     dense: Vec<Option<Value>>,
     sparse: FxHashMap<u64, Value>,
@@ -44,6 +48,22 @@ impl Memo {
 
     fn next_index(&self) -> u64 {
         self.dense.len() as u64
+    }
+}
+
+/// Parses a pickle cut short (a dump killed while writing): on truncation, keeps what is
+/// complete. Open lists keep their complete items, open dicts inside them are dropped (a
+/// segment or trace entry cut in the middle), the outermost dict keeps its complete pairs.
+/// Returns the document and the truncation error (`None` for a complete pickle).
+pub fn parse_salvage(data: &[u8]) -> Result<(Document, Option<PickleError>), PickleError> {
+    let mut m = Machine::new(data);
+    match m.run_inner(usize::MAX, &mut |_| {}) {
+        Ok(()) => Ok((m.doc, None)),
+        Err(e @ PickleError::Truncated { .. }) => {
+            m.close_for_salvage();
+            Ok((m.doc, Some(e)))
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -101,6 +121,7 @@ impl<'a> Machine<'a> {
             offset: self.op_pos as u64,
             len: self.data.len() as u64,
             needed: needed as u64,
+            inside: self.inside(),
         }
     }
 
@@ -296,6 +317,77 @@ impl<'a> Machine<'a> {
         Ok(out)
     }
 
+    /// Path of the value being built (`device_traces[0][17]`, at most three steps), from the
+    /// containers under the open MARKs.
+    fn inside(&self) -> Option<String> {
+        let levels: Vec<Level> = self
+            .marks
+            .iter()
+            .map(|&m| {
+                let container = match m.checked_sub(1).and_then(|i| self.stack.get(i)) {
+                    Some(Value::List(id)) => Holder::List(self.doc.seq(*id).len()),
+                    Some(Value::Dict(_)) => Holder::Dict,
+                    _ => Holder::Other,
+                };
+                Level { mark: m, container }
+            })
+            .collect();
+        inside_path(&levels, self)
+    }
+
+    /// Closes what the cut left open (see [`parse_salvage`]); the root is the outermost value.
+    fn close_for_salvage(&mut self) {
+        while let Some(m) = self.marks.pop() {
+            let mut items = self.stack.split_off(m.min(self.stack.len()));
+            let Some(below) = m.checked_sub(1) else {
+                continue;
+            };
+            match self.stack.get(below).copied() {
+                Some(Value::List(id)) => {
+                    // A container made just before the cut is not complete either.
+                    while let Some(v) = items.last() {
+                        let empty = match v {
+                            Value::List(l) => self.doc.seq(*l).is_empty(),
+                            Value::Dict(d) => self.doc.dict(*d).is_empty(),
+                            _ => false,
+                        };
+                        if !empty {
+                            break;
+                        }
+                        items.pop();
+                    }
+                    self.doc.seqs[id.0 as usize].extend(items);
+                }
+                Some(Value::Dict(id)) if below == 0 => {
+                    // `[…, key, list, item]`: the item awaited its APPEND (CPython fills
+                    // one-item lists so, e.g. the only device's trace into device_traces).
+                    if items.len() % 2 == 1 && items.len() >= 3 {
+                        if let Value::List(l) = items[items.len() - 2] {
+                            if let Some(last) = items.pop() {
+                                let empty = match last {
+                                    Value::List(x) => self.doc.seq(x).is_empty(),
+                                    Value::Dict(x) => self.doc.dict(x).is_empty(),
+                                    _ => false,
+                                };
+                                if !empty {
+                                    self.doc.seqs[l.0 as usize].push(last);
+                                }
+                            }
+                        }
+                    }
+                    let n = items.len() / 2 * 2;
+                    let pairs: Vec<(Value, Value)> =
+                        items[..n].chunks_exact(2).map(|p| (p[0], p[1])).collect();
+                    self.doc.dicts[id.0 as usize].extend(pairs);
+                }
+                // A dict cut in the middle (a segment, a block, an entry) is dropped whole.
+                Some(Value::Dict(_)) => self.stack.truncate(below),
+                _ => {}
+            }
+        }
+        self.doc.root = self.stack.first().copied();
+    }
+
     fn refuse(&self, code: u8) -> PickleError {
         PickleError::Refused {
             offset: self.op_pos as u64,
@@ -304,6 +396,11 @@ impl<'a> Machine<'a> {
     }
 
     fn run(mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<Document, PickleError> {
+        self.run_inner(step, progress)?;
+        Ok(self.doc)
+    }
+
+    fn run_inner(&mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<(), PickleError> {
         let mut next_report = step;
         loop {
             if self.pos >= next_report {
@@ -318,6 +415,7 @@ impl<'a> Machine<'a> {
                         offset: self.pos as u64,
                         len: self.data.len() as u64,
                         needed: 1,
+                        inside: self.inside(),
                     })
                 }
             };
@@ -334,14 +432,19 @@ impl<'a> Machine<'a> {
                 op::FRAME => {
                     let n = self.u64()?;
                     let remaining = (self.data.len() - self.pos) as u64;
-                    if n > remaining {
-                        return Err(self.truncated((n - remaining) as usize));
+                    // A frame cut by the end of the input: read on, the first incomplete
+                    // opcode says where (and salvage keeps what is complete). A claim far
+                    // beyond the input is not a cut.
+                    if n > remaining.saturating_add(MAX_CUT_FRAME) {
+                        return Err(self.err(format!(
+                            "FRAME says {n} bytes but only {remaining} bytes of input remain"
+                        )));
                     }
                 }
                 op::STOP => {
                     let root = self.pop()?;
                     self.doc.root = Some(root);
-                    return Ok(self.doc);
+                    return Ok(());
                 }
                 op::MARK => self.marks.push(self.stack.len()),
                 op::POP => {
@@ -621,6 +724,103 @@ impl<'a> Machine<'a> {
             }
         }
     }
+}
+
+impl StackView for Machine<'_> {
+    fn key(&self, i: usize) -> Option<String> {
+        match self.stack.get(i) {
+            Some(Value::Str(id)) => Some(self.doc.str(*id).to_owned()),
+            _ => None,
+        }
+    }
+
+    fn list_len(&self, i: usize) -> Option<usize> {
+        match self.stack.get(i) {
+            Some(Value::List(id)) => Some(self.doc.seq(*id).len()),
+            _ => None,
+        }
+    }
+}
+
+/// What sits under an open MARK.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Holder {
+    /// A list with this many items so far.
+    List(usize),
+    Dict,
+    Other,
+}
+
+/// An open MARK: its stack position and the container under it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Level {
+    pub mark: usize,
+    pub container: Holder,
+}
+
+/// How [`inside_path`] sees the stack.
+pub(crate) trait StackView {
+    /// Text of the string at stack position `i`.
+    fn key(&self, i: usize) -> Option<String>;
+    /// Length of the list at stack position `i`.
+    fn list_len(&self, i: usize) -> Option<usize>;
+    /// How many list items position `i` stands for (1; more for runs of trace records).
+    fn count(&self, _i: usize) -> usize {
+        1
+    }
+}
+
+/// The path of the value being built, from the open marks (outermost first): a dict level adds
+/// the key of its pending value, a list level the index of its pending item (at most three
+/// steps). CPython fills one-item containers without a MARK (`item APPEND`), so a dict's
+/// pending value may be a list with one more item after it: that item is the list's next.
+pub(crate) fn inside_path(levels: &[Level], view: &dyn StackView) -> Option<String> {
+    let mut path = String::new();
+    for (depth, w) in levels.windows(2).enumerate() {
+        if depth == 3 {
+            break;
+        }
+        let (outer, inner) = (w[0], w[1]);
+        // The value being built at this level sits right under the next MARK.
+        let Some(child) = inner.mark.checked_sub(1) else {
+            break;
+        };
+        if child < outer.mark {
+            break;
+        }
+        match outer.container {
+            Holder::List(len) => {
+                let before: usize = (outer.mark..child).map(|i| view.count(i)).sum();
+                path.push_str(&format!("[{}]", len + before));
+            }
+            Holder::Dict => {
+                let c = child - outer.mark;
+                let (key_at, append_to) = if c % 2 == 1 {
+                    (child - 1, None)
+                } else if c >= 2 {
+                    (child - 2, Some(child - 1))
+                } else {
+                    break;
+                };
+                let Some(k) = view.key(key_at) else {
+                    break;
+                };
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(&k);
+                if let Some(list) = append_to {
+                    let Some(len) = view.list_len(list) else {
+                        break;
+                    };
+                    path.push_str(&format!("[{len}]"));
+                }
+            }
+            Holder::Other => break,
+        }
+    }
+    // Paths start at a key of the outermost dict.
+    (!path.is_empty() && !path.starts_with('[')).then_some(path)
 }
 
 /// Little-endian two's complement, as LONG1/LONG4 write it (at most 16 bytes).

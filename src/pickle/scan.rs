@@ -34,7 +34,6 @@ pub enum End {
 pub struct Scan {
     pub chunks: Vec<Chunk>,
     pub end: End,
-    pub memos: u64,
 }
 
 /// One step of the walk.
@@ -120,6 +119,142 @@ struct Walk {
     unsupported: bool,
 }
 
+/// Opcode lengths for the walk's fast step: 1..=9 fixed, `VAR1` = 2 + one length byte, 0 = the
+/// careful step decides (other variable lengths, STOP, PROTO, anything unsupported).
+const VAR1: u8 = 0x81;
+static FAST_LEN: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let ones = [
+        op::MARK,
+        op::EMPTY_DICT,
+        op::EMPTY_LIST,
+        op::EMPTY_TUPLE,
+        op::MEMOIZE,
+        op::NONE,
+        op::NEWTRUE,
+        op::NEWFALSE,
+        op::TUPLE,
+        op::TUPLE1,
+        op::TUPLE2,
+        op::TUPLE3,
+        op::APPEND,
+        op::APPENDS,
+        op::SETITEM,
+        op::SETITEMS,
+    ];
+    let mut i = 0;
+    while i < ones.len() {
+        t[ones[i] as usize] = 1;
+        i += 1;
+    }
+    t[op::BININT1 as usize] = 2;
+    t[op::BINGET as usize] = 2;
+    t[op::BININT2 as usize] = 3;
+    t[op::BININT as usize] = 5;
+    t[op::LONG_BINGET as usize] = 5;
+    t[op::BINFLOAT as usize] = 9;
+    t[op::FRAME as usize] = 9;
+    t[op::LONG1 as usize] = VAR1;
+    t[op::SHORT_BINUNICODE as usize] = VAR1;
+    t
+};
+
+/// One walk in progress (several run interleaved: each step waits on the previous one's
+/// length, so walking four chunks at once keeps the core busy).
+struct Cursor {
+    pos: usize,
+    end: usize,
+    w: Walk,
+    done: bool,
+}
+
+impl Cursor {
+    #[inline(always)]
+    fn step(&mut self, data: &[u8]) {
+        let p = self.pos;
+        if p + 9 < self.end {
+            let c = data[p];
+            let t = FAST_LEN[c as usize];
+            if t != 0 && t < VAR1 {
+                self.w.memos += (c == op::MEMOIZE) as u32;
+                self.pos = p + t as usize;
+                return;
+            }
+            if t == VAR1 {
+                let q = p + 2 + data[p + 1] as usize;
+                if q <= self.end {
+                    self.pos = q;
+                    return;
+                }
+            }
+        }
+        self.careful(data);
+    }
+
+    #[cold]
+    fn careful(&mut self, data: &[u8]) {
+        let data = &data[..self.end];
+        let pos = self.pos;
+        if pos >= self.end {
+            self.done = true;
+            return;
+        }
+        match op_len(data, pos) {
+            Step::Len(n) => {
+                match data[pos] {
+                    op::MEMOIZE => self.w.memos += 1,
+                    op::STOP => {
+                        self.w.stop = Some(pos);
+                        self.done = true;
+                    }
+                    op::PROTO if data[pos + 1] > 5 => {
+                        self.w.unsupported = true;
+                        self.done = true;
+                    }
+                    _ => {}
+                }
+                self.pos = pos + n;
+            }
+            Step::Cut => {
+                self.w.cut = Some(pos);
+                self.done = true;
+            }
+            Step::Unsupported => {
+                self.w.unsupported = true;
+                self.done = true;
+            }
+        }
+    }
+}
+
+/// Walks up to four ranges at once.
+fn walk_group(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
+    let mut cs: Vec<Cursor> = ranges
+        .iter()
+        .map(|&(s, e)| Cursor {
+            pos: s,
+            end: e,
+            w: Walk::default(),
+            done: s >= e,
+        })
+        .collect();
+    if let [a, b, c, d] = cs.as_mut_slice() {
+        while !(a.done || b.done || c.done || d.done) {
+            a.step(data);
+            b.step(data);
+            c.step(data);
+            d.step(data);
+        }
+    }
+    for c in &mut cs {
+        while !c.done {
+            c.step(data);
+        }
+    }
+    cs.into_iter().map(|c| c.w).collect()
+}
+
+#[cfg(test)]
 fn walk(data: &[u8], start: usize, end: usize) -> Walk {
     let data = &data[..end];
     let mut w = Walk::default();
@@ -157,7 +292,11 @@ fn walk(data: &[u8], start: usize, end: usize) -> Walk {
 /// Cuts `data` into chunks of about `chunk_bytes` and walks them in parallel. `None` when the
 /// input is not a protocol 4/5 pickle made of the plain-data opcodes, or uses memo opcodes
 /// with explicit indices: the sequential reader handles those.
-pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
+pub fn scan(
+    data: &[u8],
+    chunk_bytes: usize,
+    release: &(dyn Fn(usize, usize) + Sync),
+) -> Option<Scan> {
     if data.len() < 2 || data[0] != op::PROTO || !(4..=5).contains(&data[1]) {
         return None;
     }
@@ -172,9 +311,18 @@ pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
                 break;
             };
             let body = pos + 9;
+            if (body as u64).saturating_add(n)
+                > (data.len() as u64).saturating_add(super::reader::MAX_CUT_FRAME)
+            {
+                return None;
+            }
             let end = (body as u64).saturating_add(n).min(data.len() as u64) as usize;
             units.push((body, end));
             pos = end;
+            // Reading a header maps the pages around it: let them go again.
+            if units.len() % 64 == 0 {
+                release(units[units.len() - 64].0, end);
+            }
         } else {
             // Opcodes outside frames (CPython writes big strings that way): walk to the next
             // FRAME, STOP or the end.
@@ -214,8 +362,14 @@ pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
         }
     }
     let walks: Vec<Walk> = ranges
-        .par_iter()
-        .map(|&(s, e)| walk(data, s, e))
+        .par_chunks(4)
+        .flat_map_iter(|group| {
+            let w = walk_group(data, group);
+            for &(s, e) in group {
+                release(s, e);
+            }
+            w
+        })
         .collect();
     let mut chunks = Vec::with_capacity(ranges.len());
     let mut memos: u64 = 0;
@@ -228,7 +382,7 @@ pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
         }
         chunks.push(Chunk {
             start: s,
-            end: w.stop.map_or(e, |p| p + 1),
+            end: w.stop.map_or(w.cut.unwrap_or(e), |p| p + 1),
             memo_base: memos as u32,
             memos: w.memos,
         });
@@ -237,7 +391,6 @@ pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
             return Some(Scan {
                 chunks,
                 end: End::Stop(stop),
-                memos,
             });
         }
         if let Some(cut) = w.cut {
@@ -248,21 +401,21 @@ pub fn scan(data: &[u8], chunk_bytes: usize) -> Option<Scan> {
             return Some(Scan {
                 chunks,
                 end: End::Truncated(cut),
-                memos,
             });
         }
     }
     Some(Scan {
         chunks,
         end: End::Truncated(header_cut.unwrap_or(data.len())),
-        memos,
     })
 }
 
 /// Where memo index `index` was stored: the position of the opcode that pushed the value
 /// MEMOIZE then stored (`None` when that is not in the same chunk, or unknown).
 pub fn memo_source(data: &[u8], chunks: &[Chunk], index: u32) -> Option<usize> {
-    let k = chunks.partition_point(|c| c.memo_base <= index).checked_sub(1)?;
+    let k = chunks
+        .partition_point(|c| c.memo_base <= index)
+        .checked_sub(1)?;
     let c = &chunks[k];
     let want = index - c.memo_base;
     if want >= c.memos {
@@ -305,8 +458,8 @@ mod tests {
     #[test]
     fn counts_memos_and_finds_stop() {
         let p = framed(b"]\x94(\x8c\x01a\x94K\x01e.");
-        let s = scan(&p, 1 << 20).unwrap();
-        assert_eq!(s.memos, 2);
+        let s = scan(&p, 1 << 20, &|_, _| {}).unwrap();
+        assert_eq!(s.chunks.iter().map(|c| c.memos).sum::<u32>(), 2);
         assert_eq!(s.end, End::Stop(p.len() - 1));
         assert_eq!(memo_source(&p, &s.chunks, 1), Some(14));
     }
@@ -315,16 +468,41 @@ mod tests {
     fn cut_inputs_report_the_first_incomplete_opcode() {
         let p = framed(b"]\x94(\x8c\x05abcde\x94e.");
         let cut = &p[..16];
-        let s = scan(cut, 1 << 20).unwrap();
+        let s = scan(cut, 1 << 20, &|_, _| {}).unwrap();
         assert_eq!(s.end, End::Truncated(14));
-        let s = scan(&p[..14], 1 << 20).unwrap();
+        let s = scan(&p[..14], 1 << 20, &|_, _| {}).unwrap();
         assert_eq!(s.end, End::Truncated(14));
     }
 
     #[test]
+    fn interleaved_walks_match_single_walks() {
+        let body: Vec<u8> =
+            b"]\x94(\x8c\x01a\x94K\x01\x8a\x02\x94\x94J\x94\x94\x94\x94e".repeat(50);
+        let mut p = framed(&body);
+        p.push(b'.');
+        let n = p.len();
+        let ranges = [(11, 200), (200, 211), (211, 700), (700, n), (n, n)];
+        for group in [&ranges[..], &ranges[..4], &ranges[1..]] {
+            let w = walk_group(&p, group);
+            for (got, &(s, e)) in w.iter().zip(group.iter()) {
+                let want = walk(&p, s, e);
+                assert_eq!(
+                    (got.memos, got.stop, got.cut, got.unsupported),
+                    (want.memos, want.stop, want.cut, want.unsupported)
+                );
+            }
+        }
+    }
+
+    #[test]
     fn code_and_explicit_memo_indices_are_left_to_the_sequential_reader() {
-        assert!(scan(&framed(b"\x8c\x02os\x8c\x06system\x93."), 1 << 20).is_none());
-        assert!(scan(&framed(b"]q\x00."), 1 << 20).is_none());
-        assert!(scan(b"\x80\x02]q\x00.", 1 << 20).is_none());
+        assert!(scan(
+            &framed(b"\x8c\x02os\x8c\x06system\x93."),
+            1 << 20,
+            &|_, _| {}
+        )
+        .is_none());
+        assert!(scan(&framed(b"]q\x00."), 1 << 20, &|_, _| {}).is_none());
+        assert!(scan(b"\x80\x02]q\x00.", 1 << 20, &|_, _| {}).is_none());
     }
 }

@@ -71,16 +71,22 @@ fn headline(d: &DeviceDiff) -> (String, Option<Tone>) {
         x if x < 0 => "shrank",
         _ => "unchanged",
     };
-    (
+    let line = if p.delta == 0 {
+        format!(
+            "Device {}{presence}: peak {}, {verdict}.",
+            d.device,
+            bytes(p.new)
+        )
+    } else {
         format!(
             "Device {}{presence}: peak {} → {}, {}: {verdict}.",
             d.device,
             bytes(p.base),
             bytes(p.new),
             change(p)
-        ),
-        tone_of(p.delta),
-    )
+        )
+    };
+    (line, tone_of(p.delta))
 }
 
 fn oom_line(d: &DeviceDiff) -> Option<(String, Tone)> {
@@ -318,11 +324,21 @@ fn all_blocks(r: &DiffReport, view: &DiffView, markdown: bool) -> Vec<Block> {
     }
     if let Some(limit) = r.fail_on_growth {
         let growth = r.peak_growth.map(percent).unwrap_or_else(|| "-".into());
+        let over: Vec<String> = r
+            .devices
+            .iter()
+            .filter(|d| d.peak.delta > 0 && d.peak.ratio.is_none_or(|x| x > limit))
+            .map(|d| match d.peak.ratio {
+                Some(x) => format!("device {} {}", d.device, percent(x)),
+                None => format!("device {} from nothing to {}", d.device, bytes(d.peak.new)),
+            })
+            .collect();
         out.push(if r.failed {
             Block::Para(
                 format!(
-                    "FAILED: the peak grew by more than {} (--fail-on-growth); largest growth {growth}.",
-                    percent(limit).trim_start_matches('+')
+                    "FAILED: the peak grew by more than {} (--fail-on-growth): {}.",
+                    percent(limit).trim_start_matches('+'),
+                    over.join(", ")
                 ),
                 Some(Tone::Bad),
             )

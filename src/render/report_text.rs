@@ -53,7 +53,7 @@ fn when(dev: &DeviceReport, event: Option<u32>, time_us: Option<i64>) -> String 
         Some(e) => {
             let mut s = format!("at event {e} of {}", dev.window.events);
             if let (Some(t), Some(t0)) = (time_us, dev.window.first_time_us) {
-                let _ = write!(s, " (+{:.3}s)", (t - t0) as f64 / 1e6);
+                let _ = write!(s, " (+{:.3}s)", t.saturating_sub(t0) as f64 / 1e6);
             }
             s
         }
@@ -333,7 +333,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         out.push(Block::Para("What to change first:".to_owned()));
         out.push(Block::Items(items));
     }
-    let total: u64 = dev.categories_at_peak.values().sum();
+    let total: u64 = dev
+        .categories_at_peak
+        .values()
+        .fold(0u64, |sum, v| sum.saturating_add(*v));
     let mut cats: Vec<(&String, &u64)> = dev
         .categories_at_peak
         .iter()
@@ -463,6 +466,29 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         ));
     }
 
+    if !dev.data_quality.is_empty() {
+        out.push(Block::Para(
+            "Data quality: the file is inconsistent; the figures listed under each finding may be \
+             wrong:"
+                .to_owned(),
+        ));
+        let items = dev
+            .data_quality
+            .iter()
+            .map(|w| {
+                let affects = if w.affects.is_empty() {
+                    "no figure of this report".to_owned()
+                } else {
+                    w.affects.join(", ")
+                };
+                (
+                    format!("{} ({}): {}", w.kind, w.count, w.message),
+                    vec![format!("Affects: {affects}.")],
+                )
+            })
+            .collect();
+        out.push(Block::Items(items));
+    }
     for n in &dev.notes {
         out.push(Block::Para(format!("Note: {n}")));
     }

@@ -6,7 +6,7 @@ use crate::report::{FileStats, FinalState, StatsOutput};
 use crate::units::format_bytes;
 
 fn final_lines(out: &mut String, f: &FinalState, indent: &str) {
-    let free = f.free_internal_bytes + f.free_external_bytes;
+    let free = f.free_internal_bytes.saturating_add(f.free_external_bytes);
     let internal_pct = if free > 0 {
         format!(
             " ({:.1}% internal)",

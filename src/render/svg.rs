@@ -8,6 +8,8 @@
 use std::fmt::Write;
 
 use crate::analysis::callsite::{call_site, stack_lines};
+use crate::analysis::category::{Categorizer, Category, Confidence};
+use crate::analysis::phase::{Phase, Source};
 use crate::analysis::replay::{Allocation, Origin};
 use crate::snapshot::{Interner, Snapshot, StackId};
 use crate::units::format_bytes;
@@ -39,6 +41,111 @@ pub const RED: &str = "#d62728";
 pub const INK: &str = "#222";
 pub const MUTED: &str = "#555";
 pub const GRID: &str = "#e3e3e3";
+
+/// Colours of memory categories: the Okabe–Ito palette (distinguishable with the common forms
+/// of colour blindness), without its vermillion (too close to the OOM red) and yellow (too pale
+/// on white); unknown is a mid grey, darker than the [`GREY`] of merged shapes.
+pub fn category_colour(c: Category) -> &'static str {
+    match c {
+        Category::Weights => "#0072b2",
+        Category::Activations => "#e69f00",
+        Category::Gradients => "#009e73",
+        Category::OptimizerState => "#cc79a7",
+        Category::Temporary => "#56b4e9",
+        Category::Unknown => "#8c8c8c",
+    }
+}
+
+/// Position of a category in [`Category::ALL`] (the fixed stacking and legend order).
+pub fn category_index(c: Category) -> usize {
+    Category::ALL.iter().position(|&x| x == c).unwrap_or(0)
+}
+
+pub fn confidence_name(c: Confidence) -> &'static str {
+    match c {
+        Confidence::High => "high",
+        Confidence::Medium => "medium",
+        Confidence::Low => "low",
+    }
+}
+
+/// `category: activations (confidence high)`.
+pub fn category_line(c: (Category, Confidence)) -> String {
+    format!(
+        "category: {} (confidence {})",
+        c.0.name(),
+        confidence_name(c.1)
+    )
+}
+
+/// Phases in the fixed order of legends and tooltips.
+pub const PHASES: [Phase; 6] = [
+    Phase::Load,
+    Phase::Forward,
+    Phase::Backward,
+    Phase::Optimizer,
+    Phase::Eval,
+    Phase::Unknown,
+];
+
+/// Colours of the phase band (Paul Tol's muted scheme, apart from the category colours) and
+/// the colour of a label drawn on them.
+pub fn phase_colour(p: Phase) -> (&'static str, &'static str) {
+    match p {
+        Phase::Load => ("#ddcc77", INK),
+        Phase::Forward => ("#88ccee", INK),
+        Phase::Backward => ("#44aa99", INK),
+        Phase::Optimizer => ("#aa4499", "#ffffff"),
+        Phase::Eval => ("#999933", INK),
+        Phase::Unknown => ("#dddddd", INK),
+    }
+}
+
+/// A phase's short name for narrow intervals.
+pub fn phase_abbrev(p: Phase) -> &'static str {
+    match p {
+        Phase::Load => "load",
+        Phase::Forward => "fwd",
+        Phase::Backward => "bwd",
+        Phase::Optimizer => "opt",
+        Phase::Eval => "eval",
+        Phase::Unknown => "?",
+    }
+}
+
+/// How a phase was found, for tooltips.
+pub fn source_text(s: Source) -> &'static str {
+    match s {
+        Source::Annotation => "record_function annotations",
+        Source::UserMetadata => "user metadata of the trace entries",
+        Source::Frames => "the allocations' stack frames",
+        Source::Position => "position (frameless allocations: autograd's backward thread)",
+        Source::None => "no evidence",
+    }
+}
+
+/// What the allocations are coloured by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColourBy {
+    /// Memory category (weights, activations, gradients, optimizer state, temporary, unknown),
+    /// from the phases of the trace.
+    Category,
+    /// Call site (the innermost frame of user code).
+    CallSite,
+}
+
+/// The colouring to use: the one asked for, else by category when at least one allocation has
+/// a known category, else by call site.
+pub fn choose_colour_by(
+    asked: Option<ColourBy>,
+    mut categories: impl Iterator<Item = Category>,
+) -> ColourBy {
+    match asked {
+        Some(c) => c,
+        None if categories.any(|c| c != Category::Unknown) => ColourBy::Category,
+        None => ColourBy::CallSite,
+    }
+}
 
 /// Escapes text for XML content and attribute values; drops characters XML 1.0 forbids.
 pub fn esc(text: &str) -> String {
@@ -137,18 +244,49 @@ pub fn origin_label(a: &Allocation) -> &'static str {
     }
 }
 
-/// Call sites and colours of allocations.
+/// Call sites, categories and colours of allocations.
 pub struct Colours<'a> {
     pub interner: &'a Interner,
     /// Colours given to the sites a legend shows, distinct from each other.
     assigned: std::collections::BTreeMap<String, &'static str>,
+    categorizer: Option<Categorizer<'a>>,
+    by: ColourBy,
 }
 
 impl<'a> Colours<'a> {
+    /// Colours by call site, without categories.
     pub fn new(interner: &'a Interner) -> Self {
         Colours {
             interner,
             assigned: Default::default(),
+            categorizer: None,
+            by: ColourBy::CallSite,
+        }
+    }
+
+    /// Colours by call site or category, with the categories of `categorizer`.
+    pub fn with_categories(
+        interner: &'a Interner,
+        categorizer: Categorizer<'a>,
+        by: ColourBy,
+    ) -> Self {
+        Colours {
+            interner,
+            assigned: Default::default(),
+            categorizer: Some(categorizer),
+            by,
+        }
+    }
+
+    pub fn by(&self) -> ColourBy {
+        self.by
+    }
+
+    /// The category of an allocation (unknown without a categorizer).
+    pub fn category(&self, a: &Allocation) -> (Category, Confidence) {
+        match &self.categorizer {
+            Some(c) => c.categorize(a),
+            None => (Category::Unknown, Confidence::Low),
         }
     }
 
@@ -183,20 +321,25 @@ impl<'a> Colours<'a> {
         call_site(self.interner, a.stack)
     }
 
-    /// The colour an allocation is drawn in. Today: its call site (hashed into [`PALETTE`]);
-    /// without a stack, its address and birth, so that neighbours still differ.
-    ///
-    /// This is the one place to change when allocations get categories (phases, parameter /
-    /// activation / optimizer state): map the category to a colour here.
+    /// The colour an allocation is drawn in: its category's ([`category_colour`]), or its call
+    /// site (hashed into [`PALETTE`]); without a stack, its address and birth, so that
+    /// neighbours still differ.
     pub fn colour_for(&self, a: &Allocation) -> &'static str {
+        if self.by == ColourBy::Category {
+            return category_colour(self.category(a).0);
+        }
         match self.site(a) {
             Some(site) => self.site_colour(&site),
             None => self.colour_for_stackless(a.address, a.alloc_event),
         }
     }
 
-    /// Colour of a block known only by its stack (a dump block with no allocation record).
+    /// Colour of a block known only by its stack (a dump block with no allocation record):
+    /// its call site's, or the unknown category's.
     pub fn colour_for_stack(&self, stack: StackId, address: u64) -> &'static str {
+        if self.by == ColourBy::Category {
+            return category_colour(Category::Unknown);
+        }
         match call_site(self.interner, stack) {
             Some(site) => self.site_colour(&site),
             None => self.colour_for_stackless(address, None),
@@ -252,6 +395,25 @@ pub fn cut_right(text: &str, max: usize) -> String {
     }
     let head: String = text.chars().take(max.saturating_sub(1)).collect();
     format!("{head}…")
+}
+
+/// Splits `text` at spaces into lines of at most `max` characters (longer words stay whole).
+pub fn wrap(text: &str, max: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > max {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
 }
 
 /// `12.0MiB (12582912 bytes)`.
@@ -366,6 +528,11 @@ pub const HATCH_ID: &str = "snapscan-hatch";
 /// Stripes of several palette colours: the legend swatch of "colour by address".
 pub const MIXED_ID: &str = "snapscan-mixed";
 pub const MIXED_FILL: &str = "url(#snapscan-mixed)";
+/// Stripes of a category's colour: its summarized allocations (`url(#snapscan-rest-weights)`).
+pub const REST_ID: &str = "snapscan-rest-";
+pub fn rest_fill(c: Category) -> String {
+    format!("url(#{REST_ID}{})", c.name())
+}
 /// Legend text of allocations without a recorded stack.
 pub const NO_STACK: &str = "<no stack recorded: colours by address>";
 
@@ -386,7 +553,7 @@ pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
         esc(SANS)
     );
     let _ = writeln!(out, "<title>{}</title>", esc(title_text));
-    let _ = writeln!(
+    let _ = write!(
         out,
         "<defs><pattern id=\"{HATCH_ID}\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" \
          patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#ffffff\"/>\
@@ -394,9 +561,21 @@ pub fn document(title_text: &str, height: f64, body: &str) -> Vec<u8> {
          <pattern id=\"{MIXED_ID}\" width=\"12\" height=\"12\" patternUnits=\"userSpaceOnUse\">\
          <rect width=\"3\" height=\"12\" fill=\"{}\"/><rect x=\"3\" width=\"3\" height=\"12\" fill=\"{}\"/>\
          <rect x=\"6\" width=\"3\" height=\"12\" fill=\"{}\"/><rect x=\"9\" width=\"3\" height=\"12\" fill=\"{}\"/>\
-         </pattern></defs>",
+         </pattern>",
         PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
     );
+    // Summarized allocations of a category: its colour, pale, with stripes of it.
+    for c in Category::ALL {
+        let _ = write!(
+            out,
+            "<pattern id=\"{REST_ID}{}\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" \
+             patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"{col}\" fill-opacity=\"0.35\"/>\
+             <rect width=\"2\" height=\"6\" fill=\"{col}\"/></pattern>",
+            c.name(),
+            col = category_colour(c)
+        );
+    }
+    out.push_str("</defs>\n");
     let _ = writeln!(
         out,
         "<rect width=\"{}\" height=\"{h}\" fill=\"#ffffff\"/>",
@@ -546,6 +725,34 @@ mod tests {
         used.sort_unstable();
         used.dedup();
         assert_eq!(used.len(), 16);
+    }
+
+    #[test]
+    fn wraps_at_spaces() {
+        assert_eq!(wrap("aa bb cc dd", 5), vec!["aa bb", "cc dd"]);
+        assert_eq!(wrap("abcdefgh ij", 4), vec!["abcdefgh", "ij"]);
+        assert!(wrap("", 10).is_empty());
+    }
+
+    #[test]
+    fn category_colours_are_distinct_and_default_follows_categories() {
+        let mut c: Vec<&str> = Category::ALL.iter().map(|&c| category_colour(c)).collect();
+        c.sort_unstable();
+        c.dedup();
+        assert_eq!(c.len(), Category::ALL.len());
+        assert!(!c.contains(&RED) && !c.contains(&GREY));
+        assert_eq!(
+            choose_colour_by(None, [Category::Unknown].into_iter()),
+            ColourBy::CallSite
+        );
+        assert_eq!(
+            choose_colour_by(None, [Category::Unknown, Category::Weights].into_iter()),
+            ColourBy::Category
+        );
+        assert_eq!(
+            choose_colour_by(Some(ColourBy::CallSite), [Category::Weights].into_iter()),
+            ColourBy::CallSite
+        );
     }
 
     #[test]

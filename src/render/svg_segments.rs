@@ -4,7 +4,8 @@
 //! Every segment is a bar whose length is its size; segments are sorted by size (largest first)
 //! and packed left to right into rows as wide as the largest segment (wider when there would be
 //! more than [`MAX_ROWS`] rows, or when a failed request is larger). Live blocks are coloured by
-//! call site (pale while pending free), rounding waste (block − requested) is red, free holes are
+//! memory category or call site (pale while pending free), rounding waste (block − requested) is
+//! red, free holes are
 //! hatched, the largest hole is outlined and labelled, and at an OOM the failed request is drawn
 //! to the same scale right under the largest hole that could have served it.
 //!
@@ -17,8 +18,12 @@ use std::fmt::Write;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::svg::{self, num, Colours, GREY, GRID, HATCH_ID, INK, LEFT, MUTED, PLOT_W, RED};
+use super::svg::{
+    self, num, ColourBy, Colours, GREY, GRID, HATCH_ID, INK, LEFT, MUTED, PLOT_W, RED,
+};
+use crate::analysis::category::{Categorizer, Category};
 use crate::analysis::layout::{layout_at, Moment, SegmentLayout};
+use crate::analysis::phase::find_phases;
 use crate::analysis::replay::{replay_device, Allocation, DeviceReplay};
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, StackId};
 use crate::units::format_bytes;
@@ -55,6 +60,8 @@ pub fn parse_at(text: &str) -> Result<At, String> {
 pub struct SegmentsOptions {
     pub device: Option<i64>,
     pub at: At,
+    /// Colour by category or call site; `None`: by category when the trace gives categories.
+    pub colour: Option<ColourBy>,
 }
 
 impl Default for SegmentsOptions {
@@ -62,6 +69,7 @@ impl Default for SegmentsOptions {
         SegmentsOptions {
             device: None,
             at: At::Auto,
+            colour: None,
         }
     }
 }
@@ -108,7 +116,7 @@ pub fn segments(
     let budget = SHAPE_BUDGET / panels_n;
     let panels: Vec<(String, f64)> = devices
         .par_iter()
-        .map(|&d| panel(name, snapshot, d, options.at, budget))
+        .map(|&d| panel(name, snapshot, d, options.at, budget, options.colour))
         .collect();
     let mut body = String::new();
     let mut y = 0.0;
@@ -561,6 +569,7 @@ fn draw_segments(
                 ),
             ];
             if let Some(BlockInfo { alloc: Some(a), .. }) = info {
+                tip.push(svg::category_line(colours.category(a)));
                 tip.push(match a.alloc_event {
                     Some(e) => format!("born at event {e}"),
                     None => "born before the trace window".to_owned(),
@@ -587,18 +596,48 @@ fn draw_segments(
     shapes
 }
 
-fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) -> (String, f64) {
+fn panel(
+    name: &str,
+    snapshot: &Snapshot,
+    device: i64,
+    at: At,
+    budget: usize,
+    colour: Option<ColourBy>,
+) -> (String, f64) {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
-    let mut colours = Colours::new(&snapshot.interner);
+    let phases = find_phases(snapshot, device);
+    let categorizer = Categorizer {
+        phases: &phases,
+        interner: &snapshot.interner,
+        peak_bytes: replay.requested.peak().0,
+    };
+    let by = svg::choose_colour_by(
+        colour,
+        replay
+            .allocations
+            .iter()
+            .map(|a| categorizer.categorize(a).0),
+    );
+    let by_category = by == ColourBy::Category;
+    let mut colours = Colours::with_categories(&snapshot.interner, categorizer, by);
     let (moment, moment_text, oom_event) = resolve(snapshot, &replay, at);
     let layout = layout_at(snapshot, &replay, moment);
     let infos = block_infos(snapshot, &replay, moment);
-    // Call sites by live bytes; the legend's get distinct colours.
+    // Call sites and categories by live bytes; the legend's sites get distinct colours.
     let mut by_site: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_category_bytes = [0u64; Category::ALL.len()];
+    let mut category_present = [false; Category::ALL.len()];
     for s in &layout {
         for b in s.blocks.iter().filter(|b| b.state.is_active()) {
             let address = s.address.saturating_add(b.offset);
+            let category = match infos.get(&address) {
+                Some(BlockInfo { alloc: Some(a), .. }) => colours.category(a).0,
+                _ => Category::Unknown,
+            };
+            let k = svg::category_index(category);
+            category_present[k] = true;
+            by_category_bytes[k] = by_category_bytes[k].saturating_add(b.requested);
             let site = match infos.get(&address) {
                 Some(BlockInfo { alloc: Some(a), .. }) => colours.site(a),
                 Some(BlockInfo { stack, .. }) => {
@@ -874,17 +913,66 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
 
     // Legend.
     let mut ly = rows_bottom + 26.0;
-    svg::text(
-        &mut out,
-        LEFT,
-        ly,
-        13,
-        "font-weight=\"bold\"",
-        "Colour = call site (most requested bytes at this moment first):",
-    );
-    ly += 22.0;
+    if by_category {
+        svg::text(
+            &mut out,
+            LEFT,
+            ly,
+            13,
+            "font-weight=\"bold\"",
+            &format!(
+                "Colour = memory category, from the phases (requested bytes in live blocks at this moment, {} in all):",
+                format_bytes(requested)
+            ),
+        );
+        ly += 22.0;
+        let col_w = PLOT_W / 3.0;
+        let mut j = 0;
+        for (k, &c) in Category::ALL.iter().enumerate() {
+            if !category_present[k] {
+                continue;
+            }
+            let cx = LEFT + (j % 3) as f64 * col_w;
+            let cy = ly + (j / 3) as f64 * 20.0;
+            let share = if requested > 0 {
+                format!(
+                    " ({:.0}%)",
+                    by_category_bytes[k] as f64 / requested as f64 * 100.0
+                )
+            } else {
+                String::new()
+            };
+            svg::legend_swatch(
+                &mut out,
+                cx,
+                cy,
+                svg::category_colour(c),
+                &format!(
+                    "{}  {}{share}",
+                    c.name(),
+                    format_bytes(by_category_bytes[k])
+                ),
+                false,
+            );
+            j += 1;
+        }
+        ly += (j as f64 / 3.0).ceil() * 20.0;
+    }
+    let shown = if by_category {
+        0
+    } else {
+        svg::text(
+            &mut out,
+            LEFT,
+            ly,
+            13,
+            "font-weight=\"bold\"",
+            "Colour = call site (most requested bytes at this moment first):",
+        );
+        ly += 22.0;
+        sites.len().min(LEGEND_SITES)
+    };
     let col_w = PLOT_W / 2.0;
-    let shown = sites.len().min(LEGEND_SITES);
     for (j, (site, bytes)) in sites.iter().take(shown).enumerate() {
         let colour = if site == svg::NO_STACK {
             svg::MIXED_FILL
@@ -902,7 +990,7 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
         svg::legend_swatch(&mut out, cx, cy, colour, &label, true);
     }
     ly += shown.div_ceil(2) as f64 * 20.0;
-    if sites.len() > shown {
+    if !by_category && sites.len() > shown {
         svg::text(
             &mut out,
             LEFT,
@@ -940,7 +1028,11 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, at: At, budget: usize) ->
         "<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"14\" fill=\"{}\" fill-opacity=\"0.4\" stroke=\"{MUTED}\" stroke-width=\"0.5\"/>",
         num(mx),
         num(ly - 11.0),
-        svg::PALETTE[0]
+        if by_category {
+            svg::category_colour(Category::Activations)
+        } else {
+            svg::PALETTE[0]
+        }
     );
     svg::text(&mut out, mx + 20.0, ly, 12, "", "pale = pending free");
     mx += 150.0;

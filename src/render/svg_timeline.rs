@@ -7,10 +7,14 @@
 //! height above the ground while alive; when one below it is freed, the ones above drop down
 //! (memory_viz animates this over 3 steps; here it happens at the free). The `detail` largest
 //! allocations (by requested bytes) get their own polygon with a tooltip; all the others are
-//! one grey band on top whose upper edge is the total requested memory. The x axis counts trace
+//! summarized on top, whose upper edge is the total requested memory: one grey band when colouring
+//! by call site, one striped band per memory category (stacked in [`Category::ALL`] order) when
+//! colouring by category (the default when the phases give categories). The x axis counts trace
 //! events (each entry is one step; the state after `k` events is drawn on `[k, k+1)`), or shows
 //! seconds. Reserved bytes are a dashed line, the requested peak (including the level at window
-//! start) is marked, and OOM entries are red vertical lines.
+//! start) is marked, and OOM entries are red vertical lines. Under the axis, a band shows the
+//! phases (load, forward, backward, optimizer, eval) with the step numbers, or a line says why the
+//! phases are unknown.
 //!
 //! Size is bounded whatever the input: at most [`MAX_DETAIL`] polygons per file, and every series
 //! is reduced to its maximum per pixel column (coarser columns if a file would exceed
@@ -20,7 +24,9 @@ use std::fmt::Write;
 
 use rayon::prelude::*;
 
-use super::svg::{self, num, tenths, Colours, GREY, GRID, INK, LEFT, MUTED, PLOT_W, RED};
+use super::svg::{self, num, tenths, ColourBy, Colours, GREY, GRID, INK, LEFT, MUTED, PLOT_W, RED};
+use crate::analysis::category::{Categorizer, Category, Confidence};
+use crate::analysis::phase::{find_phases, Phases, Source};
 use crate::analysis::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
@@ -41,6 +47,8 @@ pub struct TimelineOptions {
     pub x: XAxis,
     /// How many of the largest allocations get their own polygon (per device).
     pub detail: usize,
+    /// Colour by category or call site; `None`: by category when the trace gives categories.
+    pub colour: Option<ColourBy>,
 }
 
 impl Default for TimelineOptions {
@@ -49,6 +57,7 @@ impl Default for TimelineOptions {
             device: None,
             x: XAxis::Events,
             detail: DEFAULT_DETAIL,
+            colour: None,
         }
     }
 }
@@ -75,7 +84,7 @@ pub fn timeline(
     let budget = POINT_BUDGET / panels_n;
     let panels: Vec<(String, f64)> = devices
         .par_iter()
-        .map(|&d| panel(name, snapshot, d, options.x, detail, budget))
+        .map(|&d| panel(name, snapshot, d, options.x, detail, budget, options.colour))
         .collect();
     let mut body = String::new();
     let mut y = 0.0;
@@ -354,10 +363,123 @@ fn step_edge(cols: Columns, xa: f64, xb: f64, c0: usize, ys: &[f64]) -> Vec<(i64
     pts
 }
 
+/// The summarized allocations as stacked layers above the drawn ones: one layer when colouring
+/// by call site, one per category (in [`Category::ALL`] order) when colouring by category.
+struct RestLayers {
+    /// Category of each layer (`None`: the single grey layer).
+    layers: Vec<Option<Category>>,
+    /// Level changes `(state, layer, bytes)`, sorted by state.
+    deltas: Vec<(usize, usize, i64)>,
+}
+
+impl RestLayers {
+    fn new(
+        allocs: &[Allocation],
+        rest: &[usize],
+        cats: &[(Category, Confidence)],
+        by: ColourBy,
+    ) -> Self {
+        if rest.is_empty() {
+            return RestLayers {
+                layers: Vec::new(),
+                deltas: Vec::new(),
+            };
+        }
+        let category_of = |i: usize| cats.get(i).map_or(Category::Unknown, |c| c.0);
+        let layers: Vec<Option<Category>> = if by == ColourBy::Category {
+            let mut present = [false; Category::ALL.len()];
+            for &i in rest {
+                present[svg::category_index(category_of(i))] = true;
+            }
+            Category::ALL
+                .iter()
+                .filter(|&&c| present[svg::category_index(c)])
+                .map(|&c| Some(c))
+                .collect()
+        } else {
+            vec![None]
+        };
+        let mut deltas = Vec::with_capacity(rest.len() * 2);
+        for &i in rest {
+            let a = &allocs[i];
+            let layer = if by == ColourBy::Category {
+                let c = category_of(i);
+                layers.iter().position(|&l| l == Some(c)).unwrap_or(0)
+            } else {
+                0
+            };
+            let size = bytes_i64(a.requested_bytes);
+            deltas.push((a.alloc_event.map_or(0, |e| e as usize + 1), layer, size));
+            if let Some(f) = a.free_event {
+                deltas.push((f as usize + 1, layer, -size));
+            }
+        }
+        deltas.sort_unstable();
+        RestLayers { layers, deltas }
+    }
+
+    fn layer_of(&self, c: Option<Category>) -> usize {
+        self.layers.iter().position(|&l| l == c).unwrap_or(0)
+    }
+
+    /// Column maxima of the upper edge of every layer, stacked on `drawn_at` (per state).
+    fn tops(&self, x: &XScale, cols: Columns, drawn_at: &[i64]) -> Vec<Vec<i64>> {
+        let n = self.layers.len();
+        let mut out = vec![vec![i64::MIN; cols.count]; n];
+        let mut level = vec![0i64; n];
+        let mut d = 0;
+        for k in 0..=x.n {
+            while let Some(&(state, layer, bytes)) = self.deltas.get(d) {
+                if state > k {
+                    break;
+                }
+                if let Some(l) = level.get_mut(layer) {
+                    *l = l.saturating_add(bytes);
+                }
+                d += 1;
+            }
+            let (c0, c1) = cols.range(x.px(k), x.px(k + 1));
+            let mut cum = drawn_at.get(k).copied().unwrap_or(0);
+            for (l, column) in level.iter().zip(out.iter_mut()) {
+                cum = cum.saturating_add(*l);
+                for slot in &mut column[c0..=c1] {
+                    if cum > *slot {
+                        *slot = cum;
+                    }
+                }
+            }
+        }
+        for column in &mut out {
+            let mut prev = 0;
+            for v in column.iter_mut() {
+                if *v == i64::MIN {
+                    *v = prev;
+                }
+                prev = *v;
+            }
+        }
+        out
+    }
+}
+
+/// The drawn total per state (`0..=n`) from its changes.
+fn drawn_levels(n: usize, drawn_total: &[(usize, i64)]) -> Vec<i64> {
+    let mut idx = 0usize;
+    let mut out = Vec::with_capacity(n + 1);
+    for k in 0..=n {
+        while idx + 1 < drawn_total.len() && drawn_total[idx + 1].0 <= k {
+            idx += 1;
+        }
+        out.push(drawn_total.get(idx).map_or(0, |d| d.1));
+    }
+    out
+}
+
 struct Shapes {
     /// (points, allocation index) of drawn allocations, in stack order of birth.
     polygons: Vec<(Vec<(i64, i64)>, usize)>,
-    band: Vec<(i64, i64)>,
+    /// One polygon per layer of the summarized allocations (bottom layer first).
+    bands: Vec<Vec<(i64, i64)>>,
     reserved: Vec<(i64, i64)>,
     points: usize,
 }
@@ -368,7 +490,7 @@ fn shapes(
     y: &YScale,
     series: &[Series],
     drawn_total: &[(usize, i64)],
-    summarized: bool,
+    rest: &RestLayers,
     cols: Columns,
 ) -> Shapes {
     let allocs = &replay.allocations;
@@ -421,33 +543,27 @@ fn shapes(
         let ys: Vec<f64> = vals.iter().map(|&v| y.py(v)).collect();
         step_edge(cols, LEFT, right, 0, &ys)
     };
-    let band = if summarized {
-        let requested = |k: usize| replay.requested.at(k.checked_sub(1).map(|e| e as u32));
-        let mut idx = 0usize;
-        let mut drawn_at = Vec::with_capacity(x.n + 1);
-        for k in 0..=x.n {
-            while idx + 1 < drawn_total.len() && drawn_total[idx + 1].0 <= k {
-                idx += 1;
-            }
-            drawn_at.push(drawn_total.get(idx).map_or(0, |d| d.1));
+    let mut bands = Vec::with_capacity(rest.layers.len());
+    if !rest.layers.is_empty() {
+        let drawn_at = drawn_levels(x.n, drawn_total);
+        let mut below = column_max(x, cols, |k| drawn_at[k]);
+        for top in rest.tops(x, cols, &drawn_at) {
+            let mut pts = edge(&top);
+            let mut b = edge(&below);
+            b.reverse();
+            pts.extend(b);
+            count += pts.len();
+            bands.push(pts);
+            below = top;
         }
-        let top = column_max(x, cols, requested);
-        let bottom = column_max(x, cols, |k| drawn_at[k]);
-        let mut pts = edge(&top);
-        let mut b = edge(&bottom);
-        b.reverse();
-        pts.extend(b);
-        pts
-    } else {
-        Vec::new()
-    };
+    }
     let reserved = edge(&column_max(x, cols, |k| {
         replay.reserved.at(k.checked_sub(1).map(|e| e as u32))
     }));
-    count += band.len() + reserved.len();
+    count += reserved.len();
     Shapes {
         polygons,
-        band,
+        bands,
         reserved,
         points: count,
     }
@@ -468,13 +584,19 @@ fn when(replay: &DeviceReplay, snapshot: &Snapshot, event: Option<u32>) -> Strin
     }
 }
 
-fn tooltip(snapshot: &Snapshot, replay: &DeviceReplay, a: &Allocation) -> Vec<String> {
+fn tooltip(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    a: &Allocation,
+    category: (Category, Confidence),
+) -> Vec<String> {
     let mut lines = Vec::new();
     let mut head = format!("{} requested", svg::bytes_exact(a.requested_bytes));
     if a.block_bytes != a.requested_bytes {
         let _ = write!(head, ", block {}", format_bytes(a.block_bytes));
     }
     lines.push(head);
+    lines.push(svg::category_line(category));
     lines.push(match a.alloc_event {
         Some(e) => format!("born {}", when(replay, snapshot, Some(e))),
         None => match a.origin {
@@ -506,6 +628,310 @@ fn tooltip(snapshot: &Snapshot, replay: &DeviceReplay, a: &Allocation) -> Vec<St
     lines
 }
 
+/// Height of the phase band, and the narrowest interval drawn on its own (narrower neighbours
+/// are merged into one shape, which bounds the shapes to about one per 3 px).
+const BAND_H: f64 = 14.0;
+const MIN_BAND_W: f64 = 3.0;
+/// Width of a character of the band's 10 px labels.
+const BAND_CHAR_W: f64 = 6.0;
+
+/// The phase band under the x axis (top edge at `top`) and the step numbers under it; returns
+/// whether there are steps.
+fn phase_band(
+    out: &mut String,
+    snapshot: &Snapshot,
+    device: i64,
+    x: &XScale,
+    phases: &Phases,
+    top: f64,
+) -> bool {
+    let trace = snapshot.trace(device);
+    let t0 = trace.iter().find_map(|e| e.time_us);
+    let secs = |e: u32| -> Option<f64> {
+        let t = trace.get(e as usize)?.time_us?;
+        Some(t.saturating_sub(t0?) as f64 / 1e6)
+    };
+    let events_text = |first: u32, last: u32| -> String {
+        let n = u64::from(last.saturating_sub(first)) + 1;
+        let mut s = format!(
+            "events {first}–{last} ({n} event{})",
+            if n == 1 { "" } else { "s" }
+        );
+        if let (Some(a), Some(b)) = (secs(first), secs(last)) {
+            let _ = write!(s, ", +{a:.3}s to +{b:.3}s");
+        }
+        s
+    };
+    let right = LEFT + PLOT_W;
+    let ivs = &phases.intervals;
+    // Interval i covers the states after its events; the first one also the state before them.
+    let span = |i: usize| -> (f64, f64) {
+        let iv = &ivs[i];
+        let x0 = if i == 0 {
+            x.px(0)
+        } else {
+            x.px(iv.first_event as usize + 1)
+        };
+        let x1 = x.px(iv.last_event as usize + 2);
+        (x0, x1.max(x0))
+    };
+    // Groups of intervals: wide ones alone, runs of narrow ones merged.
+    let mut groups: Vec<(usize, usize)> = Vec::new();
+    let mut open: Option<(usize, f64)> = None;
+    for i in 0..ivs.len() {
+        let (x0, x1) = span(i);
+        if x1 - x0 >= MIN_BAND_W {
+            if let Some((f, _)) = open.take() {
+                groups.push((f, i - 1));
+            }
+            groups.push((i, i));
+        } else {
+            let (f, gx0) = *open.get_or_insert((i, x0));
+            if x1 - gx0 >= MIN_BAND_W {
+                groups.push((f, i));
+                open = None;
+            }
+        }
+    }
+    if let Some((f, _)) = open {
+        groups.push((f, ivs.len() - 1));
+    }
+    svg::text(
+        out,
+        LEFT - 6.0,
+        top + BAND_H / 2.0 + 4.0,
+        11,
+        &format!("text-anchor=\"end\" fill=\"{MUTED}\""),
+        "phase",
+    );
+    for &(f, l) in &groups {
+        let x0 = span(f).0;
+        let x1 = span(l).1;
+        let (first, last) = (ivs[f].first_event, ivs[l].last_event);
+        let (phase, tip) = if f == l {
+            let iv = &ivs[f];
+            let mut head = iv.name.name().to_owned();
+            if let Some(s) = iv.step {
+                let _ = write!(head, ", step {s}");
+            }
+            let mut sources: Vec<Source> = Vec::new();
+            if let Some(all) = phases
+                .source_per_event
+                .get(iv.first_event as usize..=iv.last_event as usize)
+            {
+                for s in all {
+                    if !sources.contains(s) {
+                        sources.push(*s);
+                    }
+                }
+            }
+            if sources.is_empty() {
+                sources.push(iv.source);
+            }
+            let found: Vec<&str> = sources.iter().map(|&s| svg::source_text(s)).collect();
+            (
+                iv.name,
+                vec![
+                    head,
+                    events_text(first, last),
+                    format!("found from: {}", found.join("; ")),
+                ],
+            )
+        } else {
+            let mut events = [0u64; svg::PHASES.len()];
+            let mut counts = [0usize; svg::PHASES.len()];
+            let mut steps: Option<(u32, u32)> = None;
+            for iv in &ivs[f..=l] {
+                let p = svg::PHASES.iter().position(|&p| p == iv.name).unwrap_or(0);
+                events[p] += u64::from(iv.last_event.saturating_sub(iv.first_event)) + 1;
+                counts[p] += 1;
+                if let Some(s) = iv.step {
+                    steps = Some(steps.map_or((s, s), |(a, b)| (a.min(s), b.max(s))));
+                }
+            }
+            let mut best = 0;
+            for p in 1..events.len() {
+                if events[p] > events[best] {
+                    best = p;
+                }
+            }
+            let mut tip = vec![
+                format!(
+                    "{} short phase intervals, drawn merged (mostly {})",
+                    l - f + 1,
+                    svg::PHASES[best].name()
+                ),
+                events_text(first, last),
+            ];
+            for (p, phase) in svg::PHASES.iter().enumerate() {
+                if counts[p] > 0 {
+                    tip.push(format!(
+                        "  {}: {} interval{}, {} events",
+                        phase.name(),
+                        counts[p],
+                        if counts[p] == 1 { "" } else { "s" },
+                        events[p]
+                    ));
+                }
+            }
+            if let Some((a, b)) = steps {
+                tip.push(if a == b {
+                    format!("step {a}")
+                } else {
+                    format!("steps {a}–{b}")
+                });
+            }
+            (svg::PHASES[best], tip)
+        };
+        let (fill, ink) = svg::phase_colour(phase);
+        let w = (x1 - x0).max(0.5);
+        let _ = write!(
+            out,
+            "<g>{}<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{fill}\"/>",
+            svg::title(&tip),
+            num(x0),
+            num(top),
+            num(w),
+            num(BAND_H)
+        );
+        if f == l {
+            let label = [phase.name(), svg::phase_abbrev(phase)]
+                .into_iter()
+                .find(|t| w >= t.chars().count() as f64 * BAND_CHAR_W + 6.0);
+            if let Some(label) = label {
+                let _ = write!(
+                    out,
+                    "<text x=\"{}\" y=\"{}\" font-size=\"10\" text-anchor=\"middle\" fill=\"{ink}\">{}</text>",
+                    num(x0 + w / 2.0),
+                    num(top + BAND_H / 2.0 + 3.5),
+                    svg::esc(label)
+                );
+            }
+        }
+        out.push_str("</g>\n");
+    }
+    let _ = writeln!(
+        out,
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\" stroke-width=\"0.5\"/>",
+        num(LEFT),
+        num(top),
+        num(PLOT_W),
+        num(BAND_H)
+    );
+
+    // Steps: where each starts, numbered where there is room.
+    let mut starts: Vec<(u32, f64, u32, u32)> = Vec::new(); // step, x, first event, last event
+    for (i, iv) in ivs.iter().enumerate() {
+        let Some(s) = iv.step else { continue };
+        match starts.last_mut() {
+            Some(last) if last.0 == s => last.3 = iv.last_event,
+            _ => starts.push((s, span(i).0, iv.first_event, iv.last_event)),
+        }
+    }
+    if starts.is_empty() {
+        return false;
+    }
+    let tick_top = top + BAND_H;
+    let label_y = tick_top + 13.0;
+    svg::text(
+        out,
+        LEFT - 6.0,
+        label_y,
+        10,
+        &format!("text-anchor=\"end\" fill=\"{MUTED}\""),
+        "step",
+    );
+    let widest = starts
+        .iter()
+        .map(|s| s.0)
+        .max()
+        .unwrap_or(0)
+        .to_string()
+        .len() as f64;
+    let label_w = widest * BAND_CHAR_W + 6.0;
+    let avg = match (starts.first(), starts.last()) {
+        (Some(a), Some(b)) if starts.len() > 1 => (b.1 - a.1) / (starts.len() - 1) as f64,
+        _ => PLOT_W,
+    };
+    let mut every: u32 = 1;
+    for k in [
+        1u32, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000,
+    ] {
+        every = k;
+        if avg * k as f64 >= label_w {
+            break;
+        }
+    }
+    let all_ticks = starts.len() as f64 <= PLOT_W / MIN_BAND_W;
+    let mut last_end = f64::NEG_INFINITY;
+    for &(s, sx, first, last) in &starts {
+        let text = s.to_string();
+        let w = text.len() as f64 * BAND_CHAR_W;
+        let labelled = s % every == 0 && sx + 2.0 >= last_end && sx + 2.0 + w <= right;
+        if !labelled && !all_ticks {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "<g>{}<line x1=\"{p}\" y1=\"{}\" x2=\"{p}\" y2=\"{}\" stroke=\"{INK}\" stroke-width=\"{}\"/>",
+            svg::title(&[format!("step {s}: {}", events_text(first, last))]),
+            num(tick_top),
+            num(tick_top + if labelled { 5.0 } else { 3.0 }),
+            if labelled { "1" } else { "0.6" },
+            p = num(sx)
+        );
+        if labelled {
+            let _ = write!(
+                out,
+                "<text x=\"{}\" y=\"{}\" font-size=\"10\" fill=\"{MUTED}\">{}</text>",
+                num(sx + 2.0),
+                num(label_y),
+                text
+            );
+            last_end = sx + 2.0 + w + 4.0;
+        }
+        out.push_str("</g>\n");
+    }
+    true
+}
+
+/// Call sites of allocations, by requested bytes: (site, (bytes, count)), most bytes first.
+fn sites_by_bytes<'a>(
+    colours: &Colours,
+    allocs: impl Iterator<Item = &'a Allocation>,
+) -> Vec<(String, (u64, u64))> {
+    let mut map: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for a in allocs {
+        let key = colours
+            .site(a)
+            .unwrap_or_else(|| svg::origin_label(a).to_owned());
+        let g = map.entry(key).or_insert((0, 0));
+        g.0 = g.0.saturating_add(a.requested_bytes);
+        g.1 += 1;
+    }
+    let mut v: Vec<(String, (u64, u64))> = map.into_iter().collect();
+    v.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
+    v
+}
+
+/// Tooltip lines `  12.0MiB in 3: site` for the first sites, and how many more there are.
+fn site_lines(tip: &mut Vec<String>, sites: &[(String, (u64, u64))]) {
+    for (site, (bytes, count)) in sites.iter().take(svg::STACK_LINES) {
+        tip.push(format!(
+            "  {} in {count}: {}",
+            format_bytes(*bytes),
+            svg::cut_left(site, 100)
+        ));
+    }
+    if sites.len() > svg::STACK_LINES {
+        tip.push(format!(
+            "  … {} more call sites",
+            sites.len() - svg::STACK_LINES
+        ));
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn panel(
     name: &str,
     snapshot: &Snapshot,
@@ -513,11 +939,23 @@ fn panel(
     axis: XAxis,
     detail: usize,
     budget: usize,
+    colour: Option<ColourBy>,
 ) -> (String, f64) {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
     let allocs = &replay.allocations;
-    let mut colours = Colours::new(&snapshot.interner);
+    let phases = find_phases(snapshot, device);
+    let (peak, peak_event) = replay.requested.peak();
+    let categorizer = Categorizer {
+        phases: &phases,
+        interner: &snapshot.interner,
+        peak_bytes: peak,
+    };
+    let cats: Vec<(Category, Confidence)> =
+        allocs.iter().map(|a| categorizer.categorize(a)).collect();
+    let by = svg::choose_colour_by(colour, cats.iter().map(|c| c.0));
+    let by_category = by == ColourBy::Category;
+    let mut colours = Colours::with_categories(&snapshot.interner, categorizer, by);
     let (x, time_missing) = XScale::new(&replay, snapshot, axis);
 
     // The `detail` largest allocations get their own polygon.
@@ -539,6 +977,7 @@ fn panel(
         .min()
         .unwrap_or(0);
     let (series, drawn_total) = stack_series(&replay, &drawn);
+    let rest_layers = RestLayers::new(allocs.as_slice(), &rest, &cats, by);
     // Call sites of the drawn allocations, largest first; the legend's get distinct colours.
     let mut by_site: std::collections::BTreeMap<String, (u64, u64, u64)> =
         std::collections::BTreeMap::new();
@@ -560,7 +999,6 @@ fn panel(
         .collect();
     colours.assign_distinct(&legend_sites);
 
-    let (peak, peak_event) = replay.requested.peak();
     let (reserved_peak, _) = replay.reserved.peak();
     let top = peak.max(reserved_peak).max(0) as u64;
     let (ystep, ymax) = svg::byte_ticks(top.saturating_add(top / 16));
@@ -573,7 +1011,7 @@ fn panel(
         &y,
         &series,
         &drawn_total,
-        !rest.is_empty(),
+        &rest_layers,
         Columns::new(width),
     );
     while sh.points > budget && width < 64.0 {
@@ -584,7 +1022,7 @@ fn panel(
             &y,
             &series,
             &drawn_total,
-            !rest.is_empty(),
+            &rest_layers,
             Columns::new(width),
         );
     }
@@ -640,6 +1078,8 @@ fn panel(
     );
     if rest.is_empty() {
         line2.push_str("none summarized. ");
+    } else if by_category {
+        let _ = write!(line2, "{} smaller ones striped, by category. ", rest.len());
     } else {
         let _ = write!(line2, "{} smaller ones in the grey band. ", rest.len());
     }
@@ -719,6 +1159,17 @@ fn panel(
             break;
         }
     }
+    // Phases under the axis: a band of intervals, or why there is none.
+    let band = phases.unknown_reason.is_none() && !phases.intervals.is_empty();
+    let xtitle_y = if band {
+        if phase_band(&mut out, snapshot, device, &x, &phases, bottom + 26.0) {
+            bottom + 74.0
+        } else {
+            bottom + 60.0
+        }
+    } else {
+        bottom + 38.0
+    };
     let xtitle = if x.seconds.is_some() {
         "seconds since the first trace entry"
     } else if x.n == 0 {
@@ -729,11 +1180,30 @@ fn panel(
     svg::text(
         &mut out,
         LEFT + PLOT_W / 2.0,
-        bottom + 38.0,
+        xtitle_y,
         13,
         &format!("text-anchor=\"middle\" fill=\"{MUTED}\""),
         xtitle,
     );
+    let mut ly = xtitle_y + 28.0;
+    if !band {
+        let reason = phases
+            .unknown_reason
+            .as_deref()
+            .unwrap_or("no phase could be found");
+        let lines = svg::wrap(&format!("No phase band: {reason}."), 190);
+        for (j, l) in lines.iter().enumerate() {
+            svg::text(
+                &mut out,
+                LEFT,
+                xtitle_y + 20.0 + j as f64 * 15.0,
+                12,
+                &format!("fill=\"{MUTED}\" font-style=\"italic\""),
+                l,
+            );
+        }
+        ly += lines.len() as f64 * 15.0;
+    }
     let _ = writeln!(
         out,
         "<text transform=\"translate(16,{}) rotate(-90)\" text-anchor=\"middle\" font-size=\"13\" fill=\"{MUTED}\">bytes (binary units)</text>",
@@ -744,56 +1214,76 @@ fn panel(
     out.push_str("<g stroke=\"#ffffff\" stroke-width=\"0.3\" stroke-opacity=\"0.7\">\n");
     for (pts, a) in &sh.polygons {
         let alloc = &allocs[*a];
+        let category = cats
+            .get(*a)
+            .copied()
+            .unwrap_or((Category::Unknown, Confidence::Low));
         out.push_str("<polygon points=\"");
         svg::points(&mut out, pts);
         let _ = write!(out, "\" fill=\"{}\">", colours.colour_for(alloc));
-        out.push_str(&svg::title(&tooltip(snapshot, &replay, alloc)));
+        out.push_str(&svg::title(&tooltip(snapshot, &replay, alloc, category)));
         out.push_str("</polygon>\n");
     }
     out.push_str("</g>\n");
-    if !sh.band.is_empty() {
-        let largest_rest = rest.first().map_or(0, |&i| allocs[i].requested_bytes);
-        out.push_str("<polygon points=\"");
-        svg::points(&mut out, &sh.band);
-        let _ = write!(out, "\" fill=\"{GREY}\" fill-opacity=\"0.85\">");
-        let mut tip = vec![
-            format!(
-                "{} smaller allocations summarized (each ≤ {})",
-                rest.len(),
-                format_bytes(largest_rest)
-            ),
-            "the band's upper edge is the total requested memory".to_owned(),
-        ];
-        // Who is in the band at the peak.
-        let mut at_peak: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
-        for &i in &rest {
-            let a = &allocs[i];
-            if a.alive_after(peak_event) {
-                let key = colours
-                    .site(a)
-                    .unwrap_or_else(|| svg::origin_label(a).to_owned());
-                let g = at_peak.entry(key).or_insert((0, 0));
-                g.0 = g.0.saturating_add(a.requested_bytes);
-                g.1 += 1;
-            }
+    // The summarized allocations: one band, or one per category.
+    let layer_count = rest_layers.layers.len();
+    let mut in_layer: Vec<Vec<usize>> = vec![Vec::new(); layer_count];
+    for &i in &rest {
+        let c = cats.get(i).map_or(Category::Unknown, |c| c.0);
+        let l = rest_layers.layer_of(by_category.then_some(c));
+        if let Some(v) = in_layer.get_mut(l) {
+            v.push(i);
         }
-        let mut at_peak: Vec<(String, (u64, u64))> = at_peak.into_iter().collect();
-        at_peak.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
+    }
+    for (l, pts) in sh.bands.iter().enumerate() {
+        let members = in_layer.get(l).map_or(&[][..], |v| &v[..]);
+        let largest = members
+            .iter()
+            .map(|&i| allocs[i].requested_bytes)
+            .max()
+            .unwrap_or(0);
+        let alive: Vec<&Allocation> = members
+            .iter()
+            .map(|&i| &allocs[i])
+            .filter(|a| a.alive_after(peak_event))
+            .collect();
+        let at_peak = sites_by_bytes(&colours, alive.iter().copied());
+        let bytes_at_peak = at_peak.iter().fold(0u64, |s, x| s.saturating_add(x.1 .0));
+        let category = rest_layers.layers.get(l).copied().flatten();
+        let fill = match category {
+            Some(c) => format!("fill=\"{}\"", svg::rest_fill(c)),
+            None => format!("fill=\"{GREY}\" fill-opacity=\"0.85\""),
+        };
+        out.push_str("<polygon points=\"");
+        svg::points(&mut out, pts);
+        let _ = write!(out, "\" {fill}>");
+        let mut tip = vec![match category {
+            Some(c) => format!(
+                "{}: {} smaller allocations summarized (each ≤ {})",
+                c.name(),
+                members.len(),
+                format_bytes(largest)
+            ),
+            None => format!(
+                "{} smaller allocations summarized (each ≤ {})",
+                members.len(),
+                format_bytes(largest)
+            ),
+        }];
+        if l + 1 == layer_count {
+            tip.push(if layer_count == 1 {
+                "the band's upper edge is the total requested memory".to_owned()
+            } else {
+                "the upper edge of this top band is the total requested memory".to_owned()
+            });
+        }
         if !at_peak.is_empty() {
-            tip.push("in the band at the peak, by call site:".to_owned());
-            for (site, (bytes, count)) in at_peak.iter().take(svg::STACK_LINES) {
-                tip.push(format!(
-                    "  {} in {count}: {}",
-                    format_bytes(*bytes),
-                    svg::cut_left(site, 100)
-                ));
-            }
-            if at_peak.len() > svg::STACK_LINES {
-                tip.push(format!(
-                    "  … {} more call sites",
-                    at_peak.len() - svg::STACK_LINES
-                ));
-            }
+            tip.push(format!(
+                "in the band at the peak: {} in {} allocations, by call site:",
+                format_bytes(bytes_at_peak),
+                alive.len()
+            ));
+            site_lines(&mut tip, &at_peak);
         }
         out.push_str(&svg::title(&tip));
         out.push_str("</polygon>\n");
@@ -883,7 +1373,7 @@ fn panel(
     } else {
         (px_peak - 10.0, "end")
     };
-    let ly = if py_peak - 8.0 < PLOT_TOP + 14.0 {
+    let label_y = if py_peak - 8.0 < PLOT_TOP + 14.0 {
         py_peak + 18.0
     } else {
         py_peak - 8.0
@@ -891,7 +1381,7 @@ fn panel(
     svg::text(
         &mut out,
         lx,
-        ly,
+        label_y,
         13,
         &format!("text-anchor=\"{anchor}\" font-weight=\"bold\" stroke=\"#ffffff\" stroke-width=\"3\" paint-order=\"stroke\""),
         &peak_text,
@@ -905,62 +1395,155 @@ fn panel(
         num(PLOT_H)
     );
 
-    // Legend: the top call sites of the drawn allocations, then the other marks.
-    let mut ly = bottom + 66.0;
-    svg::text(
-        &mut out,
-        LEFT,
-        ly,
-        13,
-        "font-weight=\"bold\"",
-        "Colour = call site (largest drawn allocations first):",
-    );
-    ly += 22.0;
-    let col_w = PLOT_W / 2.0;
-    let shown = sites.len().min(LEGEND_SITES);
-    for (j, (site, (_, count, largest))) in sites.iter().take(shown).enumerate() {
-        let colour = if site == svg::NO_STACK {
-            svg::MIXED_FILL
-        } else {
-            colours.site_colour(site)
-        };
-        let cx = LEFT + (j % 2) as f64 * col_w;
-        let cy = ly + (j / 2) as f64 * 20.0;
-        let suffix = format!("  ({count}×, largest {})", format_bytes(*largest));
-        let room = ((col_w - 30.0) / svg::LEGEND_CHAR_W) as usize;
-        let label = format!(
-            "{}{suffix}",
-            svg::cut_left(site, room.saturating_sub(suffix.chars().count()))
-        );
-        svg::legend_swatch(&mut out, cx, cy, colour, &label, true);
-    }
-    ly += shown.div_ceil(2) as f64 * 20.0;
-    if sites.len() > shown {
+    if by_category {
+        // Legend: the categories, with their bytes at the peak.
+        let mut at_peak = [0u64; Category::ALL.len()];
+        let mut present = [false; Category::ALL.len()];
+        for (a, c) in allocs.iter().zip(&cats) {
+            if a.requested_bytes == 0 {
+                continue;
+            }
+            let k = svg::category_index(c.0);
+            present[k] = true;
+            if a.alive_after(peak_event) {
+                at_peak[k] = at_peak[k].saturating_add(a.requested_bytes);
+            }
+        }
+        let total = at_peak.iter().fold(0u64, |s, &b| s.saturating_add(b));
         svg::text(
             &mut out,
             LEFT,
             ly,
-            12,
-            &format!("fill=\"{MUTED}\""),
+            13,
+            "font-weight=\"bold\"",
             &format!(
-                "… and {} more call sites (hover the shapes)",
-                sites.len() - shown
+                "Colour = memory category, from the phases (bytes alive at the peak, {} in all; hover a shape for its confidence):",
+                format_bytes(total)
             ),
         );
-        ly += 20.0;
+        ly += 22.0;
+        let col_w = PLOT_W / 3.0;
+        let mut j = 0;
+        for (k, &c) in Category::ALL.iter().enumerate() {
+            if !present[k] {
+                continue;
+            }
+            let cx = LEFT + (j % 3) as f64 * col_w;
+            let cy = ly + (j / 3) as f64 * 20.0;
+            let share = if total > 0 {
+                format!(" ({:.0}%)", at_peak[k] as f64 / total as f64 * 100.0)
+            } else {
+                String::new()
+            };
+            svg::legend_swatch(
+                &mut out,
+                cx,
+                cy,
+                svg::category_colour(c),
+                &format!("{}  {}{share}", c.name(), format_bytes(at_peak[k])),
+                false,
+            );
+            j += 1;
+        }
+        ly += (j as f64 / 3.0).ceil() * 20.0;
+    } else {
+        // Legend: the top call sites of the drawn allocations.
+        svg::text(
+            &mut out,
+            LEFT,
+            ly,
+            13,
+            "font-weight=\"bold\"",
+            "Colour = call site (largest drawn allocations first):",
+        );
+        ly += 22.0;
+        let col_w = PLOT_W / 2.0;
+        let shown = sites.len().min(LEGEND_SITES);
+        for (j, (site, (_, count, largest))) in sites.iter().take(shown).enumerate() {
+            let colour = if site == svg::NO_STACK {
+                svg::MIXED_FILL
+            } else {
+                colours.site_colour(site)
+            };
+            let cx = LEFT + (j % 2) as f64 * col_w;
+            let cy = ly + (j / 2) as f64 * 20.0;
+            let suffix = format!("  ({count}×, largest {})", format_bytes(*largest));
+            let room = ((col_w - 30.0) / svg::LEGEND_CHAR_W) as usize;
+            let label = format!(
+                "{}{suffix}",
+                svg::cut_left(site, room.saturating_sub(suffix.chars().count()))
+            );
+            svg::legend_swatch(&mut out, cx, cy, colour, &label, true);
+        }
+        ly += shown.div_ceil(2) as f64 * 20.0;
+        if sites.len() > shown {
+            svg::text(
+                &mut out,
+                LEFT,
+                ly,
+                12,
+                &format!("fill=\"{MUTED}\""),
+                &format!(
+                    "… and {} more call sites (hover the shapes)",
+                    sites.len() - shown
+                ),
+            );
+            ly += 20.0;
+        }
+    }
+    // Phases of the band.
+    if band {
+        let mut mx = LEFT;
+        svg::text(&mut out, mx, ly, 12, "", "Phase band:");
+        mx += 78.0;
+        for p in svg::PHASES {
+            if !phases.intervals.iter().any(|iv| iv.name == p) {
+                continue;
+            }
+            svg::legend_swatch(&mut out, mx, ly, svg::phase_colour(p).0, p.name(), false);
+            mx += 30.0 + p.name().len() as f64 * 7.0 + 14.0;
+        }
+        svg::text(
+            &mut out,
+            mx,
+            ly,
+            12,
+            &format!("fill=\"{MUTED}\""),
+            "(hover for the step, events and how each was found)",
+        );
+        ly += 22.0;
     }
     // Marks.
     let mut mx = LEFT;
     if !rest.is_empty() {
-        svg::legend_swatch(
-            &mut out,
-            mx,
-            ly,
-            GREY,
-            "smaller allocations, summarized",
-            false,
-        );
-        mx += 250.0;
+        if by_category {
+            svg::legend_swatch(
+                &mut out,
+                mx,
+                ly,
+                &svg::rest_fill(
+                    rest_layers
+                        .layers
+                        .first()
+                        .copied()
+                        .flatten()
+                        .unwrap_or(Category::Activations),
+                ),
+                "striped = smaller allocations, summarized",
+                false,
+            );
+            mx += 320.0;
+        } else {
+            svg::legend_swatch(
+                &mut out,
+                mx,
+                ly,
+                GREY,
+                "smaller allocations, summarized",
+                false,
+            );
+            mx += 250.0;
+        }
     }
     let _ = writeln!(
         out,
@@ -991,4 +1574,48 @@ fn panel(
     }
     let height = ly + 22.0;
     (out, height)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The category layers of the summarized allocations stack up to the requested total.
+    #[test]
+    fn category_layers_reach_the_requested_total() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/synth/train-oom-forward.pickle");
+        let loaded = crate::snapshot::load(&path).expect("fixture");
+        let snapshot = &loaded.snapshot;
+        let replay = replay_device(snapshot, 0);
+        let allocs = &replay.allocations;
+        let phases = find_phases(snapshot, 0);
+        let categorizer = Categorizer {
+            phases: &phases,
+            interner: &snapshot.interner,
+            peak_bytes: replay.requested.peak().0,
+        };
+        let cats: Vec<_> = allocs.iter().map(|a| categorizer.categorize(a)).collect();
+        let mut order: Vec<usize> = (0..allocs.len())
+            .filter(|&i| allocs[i].requested_bytes > 0)
+            .collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(allocs[i].requested_bytes), i));
+        let rest = order.split_off(50);
+        let mut drawn = order;
+        drawn.sort_unstable();
+        let (_, drawn_total) = stack_series(&replay, &drawn);
+        let layers = RestLayers::new(allocs.as_slice(), &rest, &cats, ColourBy::Category);
+        assert!(layers.layers.len() >= 3, "{:?}", layers.layers);
+        let (x, _) = XScale::new(&replay, snapshot, XAxis::Events);
+        let cols = Columns::new(1.0);
+        let drawn_at = drawn_levels(x.n, &drawn_total);
+        let tops = layers.tops(&x, cols, &drawn_at);
+        let requested = column_max(&x, cols, |k| {
+            replay.requested.at(k.checked_sub(1).map(|e| e as u32))
+        });
+        assert_eq!(tops.last(), Some(&requested));
+        for pair in tops.windows(2) {
+            assert!(pair[0].iter().zip(&pair[1]).all(|(a, b)| a <= b));
+        }
+    }
 }

@@ -127,6 +127,23 @@ pub struct DeviceReport {
     pub steps: Vec<StepSummary>,
     pub advice: Vec<Advice>,
     pub notes: Vec<String>,
+    /// Inconsistencies found in the data, each with the fields it can make wrong; empty for a
+    /// clean dump. Absent in reports written before it existed.
+    #[serde(default)]
+    pub data_quality: Vec<QualityWarning>,
+}
+
+/// One kind of inconsistency in a snapshot (`analysis::quality`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QualityWarning {
+    /// Stable name: `overlapping_blocks`, `blocks_do_not_tile`, `double_free`, …
+    pub kind: String,
+    /// What was found, with the first place it was found.
+    pub message: String,
+    /// How many segments, blocks or trace entries show it.
+    pub count: u64,
+    /// Report fields (JSON names) this can make wrong; empty when none.
+    pub affects: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -307,7 +307,7 @@ impl<'d> Decoder<'d> {
             .get(dict, k.blocks)
             .ok_or_else(|| schema(format!("{}.blocks", path()), "missing required key"))?;
         let block_values = self.as_seq(blocks_value, &|| format!("{}.blocks", path()))?;
-        let mut blocks = Vec::with_capacity(block_values.len());
+        let mut blocks = Vec::with_capacity(block_values.len().min(1 << 16));
         let mut next_address = address;
         for (i, bv) in block_values.iter().enumerate() {
             let bp = || format!("{}.blocks[{i}]", path());
@@ -559,13 +559,23 @@ impl<'d> Decoder<'d> {
 
 /// Decodes a document into the typed model.
 pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
+    decode_parts(doc, Interner::default(), &mut |_| None)
+}
+
+/// [`decode`] with traces decoded elsewhere: `preset(list)` gives the trace of a device list
+/// (the parallel reader's), `None` decodes the list here. Ids go on from `interner`.
+pub(crate) fn decode_parts(
+    doc: &Document,
+    interner: Interner,
+    preset: &mut dyn FnMut(SeqId) -> Option<Trace>,
+) -> Result<Snapshot, SchemaError> {
     let root = doc
         .root
         .ok_or_else(|| schema("<root>", "document has no value"))?;
     let mut d = Decoder {
         doc,
         keys: Keys::new(doc),
-        interner: Interner::default(),
+        interner,
         stack_by_list: FxHashMap::default(),
         frame_by_dict: FxHashMap::default(),
         text_by_str: FxHashMap::default(),
@@ -625,7 +635,8 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
     let mut segments = Vec::new();
     if let Some(sv) = segments_value {
         let items = d.as_seq(sv, &|| "segments".to_owned())?;
-        segments.reserve(items.len());
+        // Bounded: the count comes from the input (a memo bomb lists one segment millions of times).
+        segments.reserve(items.len().min(1 << 16));
         for (i, item) in items.iter().enumerate() {
             segments.push(d.segment(*item, &|| format!("segments[{i}]"))?);
         }
@@ -635,6 +646,12 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
     if let Some(tv) = traces_value {
         let devices = d.as_seq(tv, &|| "device_traces".to_owned())?;
         for (dev, trace) in devices.iter().enumerate() {
+            if let Value::List(id) = trace {
+                if let Some(t) = preset(*id) {
+                    device_traces.push(t);
+                    continue;
+                }
+            }
             let entries = d.as_seq(*trace, &|| format!("device_traces[{dev}]"))?;
             let mut part = Part::default();
             for (i, e) in entries.iter().enumerate() {
@@ -667,5 +684,6 @@ pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
         annotations,
         interner: d.interner,
         other_top_level_keys: other_keys,
+        salvaged: None,
     })
 }

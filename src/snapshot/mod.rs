@@ -1,6 +1,7 @@
 //! The typed model of a memory snapshot and its decoder.
 
 mod decode;
+mod fast;
 mod intern;
 mod model;
 mod trace;
@@ -13,6 +14,7 @@ pub use trace::{Iter as TraceIter, Trace};
 use std::path::Path;
 
 use crate::input::{self, Compression, InputError};
+use crate::pickle::PickleError;
 
 /// Any error while loading a snapshot file.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +23,23 @@ pub enum LoadError {
     Input(#[from] InputError),
     #[error("{file}: {source}")]
     Schema { file: String, source: SchemaError },
+    /// A pickle cut short; `hint` adds "; try --salvage" (for commands that have it).
+    #[error("{file}: {error}{}", if *hint { "; try --salvage" } else { "" })]
+    Truncated {
+        file: String,
+        error: PickleError,
+        hint: bool,
+    },
+}
+
+/// How to load a snapshot file.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LoadOptions {
+    /// Recover what is complete from a pickle cut short (a dump killed while writing) instead
+    /// of failing; the snapshot's `salvaged` says where it was cut.
+    pub salvage: bool,
+    /// Without `salvage`: end the error for a cut pickle with "; try --salvage".
+    pub hint_salvage: bool,
 }
 
 /// A loaded snapshot with what we know about the file it came from.
@@ -35,18 +54,28 @@ pub struct LoadedSnapshot {
 
 /// Reads, decompresses, decodes and types one snapshot file (`-` = stdin).
 pub fn load(path: &Path) -> Result<LoadedSnapshot, LoadError> {
+    load_with(path, LoadOptions::default())
+}
+
+/// [`load`] with options (salvage of cut pickles).
+pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadError> {
     let name = input::display_name(path);
     // Cleared when it goes out of scope, on success and on error.
     let mut progress = crate::progress::Loading::new(&name);
     let (bytes, compression) = input::read_input_with(path, &mut progress)?;
-    let doc = input::decode_document_with(&name, &bytes, &mut progress)?;
     let decoded_bytes = bytes.len() as u64;
-    drop(bytes);
-    progress.phase("building the snapshot model", None);
-    let snapshot = decode(&doc).map_err(|source| LoadError::Schema {
-        file: name.clone(),
-        source,
-    })?;
+    progress.phase("parsing", None);
+    // The parallel reader takes what CPython writes; anything else goes the sequential way.
+    let (mut snapshot, cut) = match fast::load(
+        &bytes,
+        &|start, end| bytes.release(start, end),
+        opts.salvage,
+    ) {
+        Ok(loaded) => loaded,
+        Err(fast::Fail::Truncated(error)) => return Err(truncated(&name, error, opts)),
+        Err(fast::Fail::Unsupported) => sequential(&name, &bytes, opts, &mut progress)?,
+    };
+    snapshot.salvaged = cut.and_then(salvaged);
     Ok(LoadedSnapshot {
         name,
         decoded_bytes,
@@ -55,11 +84,131 @@ pub fn load(path: &Path) -> Result<LoadedSnapshot, LoadError> {
     })
 }
 
-/// Decodes a snapshot from bytes already in memory (tests, fuzzing).
-pub fn load_bytes(name: &str, bytes: &[u8]) -> Result<Snapshot, LoadError> {
-    let doc = input::decode_document(name, bytes)?;
-    decode(&doc).map_err(|source| LoadError::Schema {
+fn truncated(name: &str, error: PickleError, opts: LoadOptions) -> LoadError {
+    LoadError::Truncated {
+        file: name.to_owned(),
+        error,
+        hint: opts.hint_salvage,
+    }
+}
+
+fn salvaged(cut: PickleError) -> Option<Salvaged> {
+    match cut {
+        PickleError::Truncated {
+            offset,
+            len,
+            inside,
+            ..
+        } => Some(Salvaged {
+            offset,
+            len,
+            inside,
+        }),
+        _ => None,
+    }
+}
+
+/// The sequential reader (and decoder), salvaging a cut pickle when asked to.
+fn sequential(
+    name: &str,
+    bytes: &[u8],
+    opts: LoadOptions,
+    progress: &mut crate::progress::Loading,
+) -> Result<(Snapshot, Option<PickleError>), LoadError> {
+    let schema = |source| LoadError::Schema {
         file: name.to_owned(),
         source,
-    })
+    };
+    match input::decode_document_with(name, bytes, progress) {
+        Ok(doc) => {
+            progress.phase("building the snapshot model", None);
+            Ok((decode(&doc).map_err(schema)?, None))
+        }
+        Err(InputError::Pickle {
+            source: error @ PickleError::Truncated { .. },
+            ..
+        }) => {
+            if !opts.salvage {
+                return Err(truncated(name, error, opts));
+            }
+            let (doc, cut) =
+                crate::pickle::parse_salvage(bytes).map_err(|source| InputError::Pickle {
+                    path: name.to_owned(),
+                    source,
+                })?;
+            Ok((decode(&doc).map_err(schema)?, cut))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Decodes a snapshot from bytes already in memory (tests, fuzzing).
+pub fn load_bytes(name: &str, bytes: &[u8]) -> Result<Snapshot, LoadError> {
+    load_bytes_with(name, bytes, LoadOptions::default())
+}
+
+/// [`load_bytes`] with options.
+pub fn load_bytes_with(name: &str, bytes: &[u8], opts: LoadOptions) -> Result<Snapshot, LoadError> {
+    match load_bytes_parallel_with(bytes, 0, opts) {
+        Some(Ok(s)) => Ok(s),
+        Some(Err(e)) => Err(match e {
+            LoadError::Truncated { error, .. } => truncated(name, error, opts),
+            other => other,
+        }),
+        None => load_bytes_sequential_with(name, bytes, opts),
+    }
+}
+
+/// [`load_bytes`] with the parallel reader only: `None` when it leaves the input to the
+/// sequential reader (tests compare the two).
+#[doc(hidden)]
+pub fn load_bytes_parallel(bytes: &[u8]) -> Option<Snapshot> {
+    load_bytes_parallel_with(bytes, 0, LoadOptions::default()).and_then(Result::ok)
+}
+
+/// [`load_bytes_parallel`] with chunks of about `chunk_bytes` instead of the default 1 MiB.
+#[doc(hidden)]
+pub fn load_bytes_parallel_chunked(bytes: &[u8], chunk_bytes: usize) -> Option<Snapshot> {
+    load_bytes_parallel_with(bytes, chunk_bytes, LoadOptions::default()).and_then(Result::ok)
+}
+
+/// The parallel reader with options; `chunk_bytes` 0 = the default. `None`: left to the
+/// sequential reader.
+#[doc(hidden)]
+pub fn load_bytes_parallel_with(
+    bytes: &[u8],
+    chunk_bytes: usize,
+    opts: LoadOptions,
+) -> Option<Result<Snapshot, LoadError>> {
+    let r = if chunk_bytes == 0 {
+        fast::load(bytes, &|_, _| {}, opts.salvage)
+    } else {
+        fast::load_chunked(bytes, chunk_bytes, opts.salvage)
+    };
+    match r {
+        Ok((mut s, cut)) => {
+            s.salvaged = cut.and_then(salvaged);
+            Some(Ok(s))
+        }
+        Err(fast::Fail::Truncated(error)) => Some(Err(truncated("", error, opts))),
+        Err(fast::Fail::Unsupported) => None,
+    }
+}
+
+/// [`load_bytes`] with the sequential reader only.
+#[doc(hidden)]
+pub fn load_bytes_sequential(name: &str, bytes: &[u8]) -> Result<Snapshot, LoadError> {
+    load_bytes_sequential_with(name, bytes, LoadOptions::default())
+}
+
+/// [`load_bytes_sequential`] with options.
+#[doc(hidden)]
+pub fn load_bytes_sequential_with(
+    name: &str,
+    bytes: &[u8],
+    opts: LoadOptions,
+) -> Result<Snapshot, LoadError> {
+    let (mut s, cut) = sequential(name, bytes, opts, &mut crate::progress::Loading::hidden())?;
+    s.salvaged = cut.and_then(salvaged);
+    Ok(s)
 }

@@ -196,6 +196,81 @@ pub struct Snapshot {
     pub interner: Interner,
     /// Top-level keys this version does not read (kept for the record).
     pub other_top_level_keys: Vec<String>,
+    /// Set when the snapshot was recovered from a cut pickle (`--salvage`).
+    pub salvaged: Option<Salvaged>,
+}
+
+/// Where a pickle was cut, for a snapshot recovered from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Salvaged {
+    /// Offset of the first opcode that was not complete, and the input length.
+    pub offset: u64,
+    pub len: u64,
+    /// The value that was being built (`device_traces[0]`), when known.
+    pub inside: Option<String>,
+}
+
+impl Salvaged {
+    /// What was recovered and what is missing (for the report's notes and a warning).
+    pub fn describe(&self, s: &Snapshot) -> String {
+        let entries: usize = s.device_traces.iter().map(|t| t.len()).sum();
+        let blocks: usize = s.segments.iter().map(|g| g.blocks.len()).sum();
+        let mut text = format!(
+            "salvaged from a cut pickle: the input ends at byte {} of an incomplete dump{}; \
+             recovered {} segments ({} blocks) and {} trace entries, all complete",
+            self.offset,
+            self.inside
+                .as_ref()
+                .map(|p| format!(" while {p} was being written"))
+                .unwrap_or_default(),
+            s.segments.len(),
+            blocks,
+            entries
+        );
+        // What a dump holds after the cut (keys are written in this order).
+        const KEYS: [&str; 4] = [
+            "segments",
+            "device_traces",
+            "allocator_settings",
+            "external_annotations",
+        ];
+        let cut_key = self
+            .inside
+            .as_deref()
+            .map(|p| p.split(['[', '.']).next().unwrap_or(p));
+        let mut missing: Vec<String> = Vec::new();
+        if let Some(p) = self.inside.as_deref() {
+            // The list that was cut (`device_traces[0]`), not the entry inside it.
+            let list = match p.match_indices(['[', '.']).nth(1) {
+                Some((i, _)) => &p[..i],
+                None => p,
+            };
+            missing.push(format!("the rest of {list}"));
+        }
+        let after = cut_key
+            .and_then(|k| KEYS.iter().position(|x| *x == k))
+            .map_or(0, |i| i + 1);
+        let absent: Vec<&str> = KEYS[after..]
+            .iter()
+            .copied()
+            .filter(|k| match *k {
+                "segments" => s.segments.is_empty(),
+                "device_traces" => s.device_traces.is_empty(),
+                "allocator_settings" => s.allocator_settings.is_none(),
+                _ => s.annotations.is_empty(),
+            })
+            .collect();
+        if !absent.is_empty() {
+            missing.push(format!(
+                "{} (not reached, if the dump had them)",
+                absent.join(", ")
+            ));
+        }
+        if !missing.is_empty() {
+            text.push_str(&format!("; missing: {}", missing.join("; ")));
+        }
+        text
+    }
 }
 
 impl Snapshot {

@@ -96,6 +96,12 @@ impl Part {
     }
 
     pub fn meta_id(&mut self, meta: Meta) -> u32 {
+        // Runs of entries share their metadata: try the previous row's first.
+        if let Some(r) = self.rows.last() {
+            if self.metas[r.meta as usize] == meta {
+                return r.meta;
+            }
+        }
         if let Some(&id) = self.meta_index.get(&meta) {
             return id;
         }
@@ -116,20 +122,6 @@ impl Part {
                 WIDE_TIME
             }
         }
-    }
-
-    pub fn wide_size(&mut self, row: u32, size: u64) -> u32 {
-        match u32::try_from(size) {
-            Ok(s) if s != WIDE_SIZE => s,
-            _ => {
-                self.wide_sizes.push((row, size));
-                WIDE_SIZE
-            }
-        }
-    }
-
-    pub fn push_device_free(&mut self, row: u32, value: u64) {
-        self.device_free.push((row, value));
     }
 
     pub fn get(&self, i: usize) -> TraceEntry {
@@ -184,7 +176,9 @@ impl Part {
     pub fn heap_bytes(&self) -> usize {
         self.rows.capacity() * std::mem::size_of::<Row>()
             + self.metas.capacity() * std::mem::size_of::<Meta>()
-            + (self.wide_times.capacity() + self.wide_sizes.capacity() + self.device_free.capacity())
+            + (self.wide_times.capacity()
+                + self.wide_sizes.capacity()
+                + self.device_free.capacity())
                 * 16
     }
 }
@@ -290,11 +284,7 @@ impl Trace {
     pub fn range(&self, range: Range<usize>) -> Iter<'_> {
         let end = range.end.min(self.len);
         let start = range.start.min(end);
-        Iter {
-            trace: self,
-            front: start,
-            back: end,
-        }
+        Iter::new(self, start, end)
     }
 
     /// Bytes held on the heap (for memory accounting in tests and benchmarks).
@@ -324,29 +314,42 @@ pub struct Iter<'a> {
     trace: &'a Trace,
     front: usize,
     back: usize,
+    /// Slices holding `front` and `back - 1` (kept up to date to avoid a search per entry).
+    fs: usize,
+    bs: usize,
 }
 
-impl Iter<'_> {
-    fn slice_of(&self, i: usize) -> &Slice {
-        let slices = &self.trace.slices;
-        let k = match slices.binary_search_by_key(&i, |s| s.start) {
+impl<'a> Iter<'a> {
+    fn new(trace: &'a Trace, front: usize, back: usize) -> Self {
+        let find = |i: usize| match trace.slices.binary_search_by_key(&i, |s| s.start) {
             Ok(k) => k,
-            Err(k) => k - 1,
+            Err(k) => k.saturating_sub(1),
         };
-        &slices[k]
+        Iter {
+            trace,
+            front,
+            back,
+            fs: find(front),
+            bs: find(back.saturating_sub(1)),
+        }
     }
 }
 
 impl Iterator for Iter<'_> {
     type Item = TraceEntry;
 
+    #[inline]
     fn next(&mut self) -> Option<TraceEntry> {
         if self.front >= self.back {
             return None;
         }
         let i = self.front;
         self.front += 1;
-        let s = self.slice_of(i);
+        let slices = &self.trace.slices;
+        while slices[self.fs].start + slices[self.fs].rows.len() <= i {
+            self.fs += 1;
+        }
+        let s = &slices[self.fs];
         Some(s.part.get(s.rows.start + (i - s.start)))
     }
 
@@ -356,34 +359,25 @@ impl Iterator for Iter<'_> {
     }
 
     fn nth(&mut self, n: usize) -> Option<TraceEntry> {
-        self.front = self.front.saturating_add(n).min(self.back);
+        let front = self.front.saturating_add(n).min(self.back);
+        *self = Iter::new(self.trace, front, self.back);
         self.next()
-    }
-
-    fn fold<B, F: FnMut(B, TraceEntry) -> B>(self, init: B, mut f: F) -> B {
-        // Walk slice by slice: no search per entry.
-        let mut acc = init;
-        let mut i = self.front;
-        while i < self.back {
-            let s = self.slice_of(i);
-            let end = (s.start + s.rows.len()).min(self.back);
-            for j in i..end {
-                acc = f(acc, s.part.get(s.rows.start + (j - s.start)));
-            }
-            i = end;
-        }
-        acc
     }
 }
 
 impl DoubleEndedIterator for Iter<'_> {
+    #[inline]
     fn next_back(&mut self) -> Option<TraceEntry> {
         if self.front >= self.back {
             return None;
         }
         self.back -= 1;
         let i = self.back;
-        let s = self.slice_of(i);
+        let slices = &self.trace.slices;
+        while slices[self.bs].start > i {
+            self.bs -= 1;
+        }
+        let s = &slices[self.bs];
         Some(s.part.get(s.rows.start + (i - s.start)))
     }
 }
@@ -459,7 +453,10 @@ mod tests {
         t.push_slice(b, 10..18);
         assert_eq!(t.iter().collect::<Vec<_>>(), entries);
         assert_eq!(t.iter().fold(0, |n, _| n + 1), 30);
-        assert_eq!(t.range(11..14).collect::<Vec<_>>(), entries[11..14].to_vec());
+        assert_eq!(
+            t.range(11..14).collect::<Vec<_>>(),
+            entries[11..14].to_vec()
+        );
         assert_eq!(t.at(29), entries[29]);
     }
 }

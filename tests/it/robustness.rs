@@ -79,23 +79,33 @@ fn truncation_error_names_the_offset_and_the_length() {
 
 #[test]
 fn every_fixture_cut_at_64_points_and_mutated_never_panics() {
+    use rayon::prelude::*;
     for path in common::snapshot_fixtures() {
         let (bytes, _) = snapscan::input::read_input(&path).unwrap();
         let data = bytes.to_vec();
-        for k in 1..64 {
+        (1..64).into_par_iter().for_each(|k| {
             let cut = data.len() * k / 64;
             must_not_panic(&data[..cut], &format!("{} cut at {cut}", path.display()));
-        }
+        });
+        // 256 seeded random single-byte changes (the seed depends only on the file's length, so
+        // a failure names a reproducible position and value).
         let mut rng = 0x2545f4914f6cdd1du64 ^ data.len() as u64;
-        for _ in 0..64 {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let pos = (rng % data.len() as u64) as usize;
+        let changes: Vec<(usize, u8)> = (0..256)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                ((rng % data.len() as u64) as usize, (rng >> 32) as u8)
+            })
+            .collect();
+        changes.par_iter().for_each(|&(pos, value)| {
             let mut m = data.clone();
-            m[pos] = (rng >> 32) as u8;
-            must_not_panic(&m, &format!("{} byte {pos}", path.display()));
-        }
+            m[pos] = value;
+            must_not_panic(
+                &m,
+                &format!("{} byte {pos} set to {value:#04x}", path.display()),
+            );
+        });
     }
 }
 

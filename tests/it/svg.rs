@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use snapscan::render::svg::ColourBy;
 use snapscan::render::svg_segments::{self, At, SegmentsOptions};
 use snapscan::render::svg_timeline::{self, TimelineOptions, XAxis};
 
@@ -141,6 +142,7 @@ fn svg_every_fixture_parses_and_rasterizes() {
             &SegmentsOptions {
                 device: None,
                 at: At::End,
+                colour: None,
             },
         )
         .expect("segments");
@@ -172,28 +174,35 @@ fn svg_size_is_bounded_on_the_largest_fixture() {
     let loaded = snapscan::snapshot::load(&path).expect("load");
     for detail in [svg_timeline::DEFAULT_DETAIL, 100_000] {
         for x in [XAxis::Events, XAxis::Time] {
-            let svg = svg_timeline::timeline(
-                &name,
-                &loaded.snapshot,
-                &TimelineOptions {
-                    device: None,
-                    x,
-                    detail,
-                },
-            )
-            .expect("timeline");
-            assert!(
-                svg.len() < MAX_BYTES,
-                "{name}: timeline (detail {detail}, {x:?}) is {} bytes",
-                svg.len()
-            );
+            for colour in [ColourBy::Category, ColourBy::CallSite] {
+                let svg = svg_timeline::timeline(
+                    &name,
+                    &loaded.snapshot,
+                    &TimelineOptions {
+                        device: None,
+                        x,
+                        detail,
+                        colour: Some(colour),
+                    },
+                )
+                .expect("timeline");
+                assert!(
+                    svg.len() < MAX_BYTES,
+                    "{name}: timeline (detail {detail}, {x:?}, {colour:?}) is {} bytes",
+                    svg.len()
+                );
+            }
         }
     }
     for at in [At::Peak, At::End, At::Auto] {
         let svg = svg_segments::segments(
             &name,
             &loaded.snapshot,
-            &SegmentsOptions { device: None, at },
+            &SegmentsOptions {
+                device: None,
+                at,
+                colour: None,
+            },
         )
         .expect("segments");
         assert!(
@@ -309,6 +318,51 @@ fn svg_time_axis_and_devices() {
 }
 
 #[test]
+fn svg_phases_and_categories() {
+    // A training run: phase band with steps, colours by category with a legend, the summarized
+    // allocations striped by category, tooltips with the category.
+    let fixture = "fixtures/synth/train-oom-forward.pickle";
+    let t = text_of(&cli_svg(&["timeline", fixture]));
+    assert!(
+        t.contains("Colour = memory category"),
+        "default is by category"
+    );
+    assert!(t.contains(">phase</text>") && t.contains(">step</text>"));
+    assert!(
+        t.contains("<title>forward, step 0\nevents "),
+        "phase tooltip"
+    );
+    assert!(t.contains("found from: "), "how the phase was found");
+    assert!(t.contains(">backward</text>"), "wide phases are labelled");
+    assert!(t.contains("fill=\"url(#snapscan-rest-activations)\""));
+    assert!(t.contains("category: activations (confidence "));
+    assert!(
+        t.contains("activations  3.9GiB (69%)"),
+        "legend bytes at the peak"
+    );
+    assert!(!t.contains("No phase band"));
+    // By call site on request (`--color` too); the phase band stays.
+    for flag in ["--colour", "--color"] {
+        let c = text_of(&cli_svg(&["timeline", flag, "call-site", fixture]));
+        assert!(c.contains("Colour = call site") && c.contains(">phase</text>"));
+        assert!(!c.contains("fill=\"url(#snapscan-rest-"), "one grey band");
+    }
+    let s = text_of(&cli_svg(&["segments", fixture]));
+    assert!(s.contains("Colour = memory category") && s.contains("category: "));
+    let s = text_of(&cli_svg(&["segments", "--colour", "call-site", fixture]));
+    assert!(s.contains("Colour = call site"));
+
+    // No stacks, no annotations: no band, a line saying why, colours by call site.
+    let none = text_of(&cli_svg(&[
+        "timeline",
+        "fixtures/synth/graphs-stacks-none.pickle",
+    ]));
+    assert!(none.contains("No phase band: the trace has no stacks"));
+    assert!(!none.contains(">phase</text>"));
+    assert!(none.contains("Colour = call site"));
+}
+
+#[test]
 fn svg_cli_errors() {
     let fail = |args: &[&str], needle: &str| {
         let out = common::snapscan()
@@ -341,6 +395,15 @@ fn svg_cli_errors() {
     fail(
         &["timeline", "--device", "7", "fixtures/synth/train.pickle"],
         "device 7",
+    );
+    fail(
+        &[
+            "timeline",
+            "--colour",
+            "rainbow",
+            "fixtures/synth/train.pickle",
+        ],
+        "rainbow",
     );
 }
 
@@ -444,6 +507,7 @@ fn svg_mutated_inputs_never_panic() {
                 &SegmentsOptions {
                     device: None,
                     at: At::End,
+                    colour: None,
                 },
             );
             for svg in [t, s, e].into_iter().flatten() {

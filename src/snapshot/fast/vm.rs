@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use rustc_hash::FxHashMap;
 
 use crate::pickle::opcodes as op;
+use crate::pickle::reader::{inside_path, Holder, Level, StackView};
 use crate::pickle::scan::{self, Chunk};
 use crate::snapshot::intern::{StackId, TextId};
 use crate::snapshot::model::{Action, TraceEntry};
@@ -29,6 +30,7 @@ const NONE_U32: u32 = u32::MAX;
 
 /// A value on a machine's stack or in its containers (16 bytes, `Copy`).
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(u8)]
 pub enum LVal {
     None,
     Bool(bool),
@@ -44,9 +46,16 @@ pub enum LVal {
     Tuple(u32),
     Dict(u32),
     /// Row `row` of the records of source `src`.
-    Rec { src: u32, row: u32 },
+    Rec {
+        src: u32,
+        row: u32,
+    },
     /// Rows `start..start + len` of the records of source `src` (only in lists).
-    Recs { src: u32, start: u32, len: u32 },
+    Recs {
+        src: u32,
+        start: u32,
+        len: u32,
+    },
 }
 
 /// What a chunk hands to the stitch, in order.
@@ -55,13 +64,18 @@ pub enum Macro {
     Push(LVal),
     Mark,
     /// Run the opcode at this position; `memo` is the index a MEMOIZE there assigns.
-    Raw { pos: usize, memo: u32 },
+    Raw {
+        pos: usize,
+        memo: u32,
+    },
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ListS {
     start: u32,
     len: u32,
+    /// Index into `owned` once the list moved out of the pool.
+    own: u32,
     memo: u32,
     /// Stack slot once an entry used the list as its frames.
     stack: u32,
@@ -73,6 +87,7 @@ pub struct ListS {
 pub struct DictS {
     start: u32,
     len: u32,
+    own: u32,
     memo: u32,
     /// Row when the dict became a trace record.
     rec: u32,
@@ -148,14 +163,20 @@ pub enum Resolved<'a> {
 pub struct Ctx<'a> {
     pub data: &'a [u8],
     pub chunks: Vec<Chunk>,
+    release: &'a (dyn Fn(usize, usize) + Sync),
     resolved: Mutex<FxHashMap<u32, Resolved<'a>>>,
 }
 
 impl<'a> Ctx<'a> {
-    pub fn new(data: &'a [u8], chunks: Vec<Chunk>) -> Ctx<'a> {
+    pub fn new(
+        data: &'a [u8],
+        chunks: Vec<Chunk>,
+        release: &'a (dyn Fn(usize, usize) + Sync),
+    ) -> Ctx<'a> {
         Ctx {
             data,
             chunks,
+            release,
             resolved: Mutex::new(FxHashMap::default()),
         }
     }
@@ -172,6 +193,9 @@ impl<'a> Ctx<'a> {
             Some(pos) => decode_scalar(self.data, pos),
             None => Resolved::Unknown,
         };
+        if let Some(k) = self.chunk_of_memo(g) {
+            (self.release)(self.chunks[k].start, self.chunks[k].end);
+        }
         if let Ok(mut map) = self.resolved.lock() {
             map.insert(g, r);
         }
@@ -204,7 +228,10 @@ fn decode_scalar(data: &[u8], pos: usize) -> Resolved<'_> {
             None => Resolved::Unknown,
         },
         op::BINUNICODE => match arg(4) {
-            Some(n) => text(pos + 5, u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize),
+            Some(n) => text(
+                pos + 5,
+                u32::from_le_bytes([n[0], n[1], n[2], n[3]]) as usize,
+            ),
             None => Resolved::Unknown,
         },
         op::BINUNICODE8 => match arg(8).and_then(|n| usize::try_from(le_u64(n)).ok()) {
@@ -276,12 +303,21 @@ const DENSE_EXT: usize = 4096;
 /// Local view of other chunks' memo values (resolved once per machine).
 #[derive(Default)]
 struct ExtCache {
+    /// Strings (the common case: dict keys, action names) as `index + 1`; 0 = not known.
+    strs: Vec<u32>,
     dense: Vec<Option<LVal>>,
     sparse: FxHashMap<u32, LVal>,
 }
 
 impl ExtCache {
+    #[inline(always)]
     fn get(&self, g: u32) -> Option<LVal> {
+        // Built in registers: copying a 16-byte enum through memory stalls here.
+        if let Some(&i) = self.strs.get(g as usize) {
+            if i != 0 {
+                return Some(LVal::Str(i - 1));
+            }
+        }
         match self.dense.get(g as usize) {
             Some(v) => *v,
             None => self.sparse.get(&g).copied(),
@@ -289,6 +325,14 @@ impl ExtCache {
     }
 
     fn put(&mut self, g: u32, v: LVal) {
+        if let LVal::Str(i) = v {
+            if (g as usize) < DENSE_EXT {
+                if self.strs.len() <= g as usize {
+                    self.strs.resize(g as usize + 1, 0);
+                }
+                self.strs[g as usize] = i + 1;
+            }
+        }
         if (g as usize) < DENSE_EXT {
             if self.dense.len() <= g as usize {
                 self.dense.resize(g as usize + 1, None);
@@ -300,3 +344,1417 @@ impl ExtCache {
     }
 }
 
+/// Containers and strings of one machine (or of what a chunk hands on).
+#[derive(Default)]
+pub struct Arena<'a> {
+    pub strs: Vec<&'a str>,
+    last_str: Option<(&'a str, u32)>,
+    str_index: FxHashMap<&'a str, u32>,
+    str_field: Vec<u8>,
+    pub bigs: Vec<i128>,
+    pub lists: Vec<ListS>,
+    pub dicts: Vec<DictS>,
+    pub tuples: Vec<(u32, u32)>,
+    /// Items of lists and tuples, back to back (a list filled once never moves).
+    pub pool: Vec<LVal>,
+    pub dpool: Vec<(LVal, LVal)>,
+    /// Lists and dicts filled again after others were made: their own storage.
+    owned: Vec<Vec<LVal>>,
+    downed: Vec<Vec<(LVal, LVal)>>,
+}
+
+/// Appends `v` to `items`, extending a run of records when it continues one.
+fn push_item(items: &mut Vec<LVal>, nonempty: bool, v: LVal) -> bool {
+    if nonempty {
+        if let Some(LVal::Recs { src, start, len }) = items.last_mut() {
+            match v {
+                LVal::Rec { src: s2, row } if *src == s2 && *start + *len == row => {
+                    *len += 1;
+                    return false;
+                }
+                LVal::Recs {
+                    src: s2,
+                    start: st2,
+                    len: n2,
+                } if *src == s2 && *start + *len == st2 => {
+                    *len += n2;
+                    return false;
+                }
+                _ => {}
+            }
+        }
+    }
+    items.push(match v {
+        LVal::Rec { src, row } => LVal::Recs {
+            src,
+            start: row,
+            len: 1,
+        },
+        other => other,
+    });
+    true
+}
+
+impl<'a> Arena<'a> {
+    #[inline]
+    pub fn intern(&mut self, s: &'a str) -> u32 {
+        // Entries repeat the same few strings ("N/A"): check the last one before hashing.
+        if let Some(&(last, i)) = self.last_str.as_ref() {
+            if last == s {
+                return i;
+            }
+        }
+        let i = self.intern_slow(s);
+        self.last_str = Some((s, i));
+        i
+    }
+
+    fn intern_slow(&mut self, s: &'a str) -> u32 {
+        if let Some(&i) = self.str_index.get(s) {
+            return i;
+        }
+        let i = self.strs.len() as u32;
+        self.strs.push(s);
+        self.str_index.insert(s, i);
+        self.str_field.push(field_of(s));
+        i
+    }
+
+    pub fn big(&mut self, v: i128) -> LVal {
+        self.bigs.push(v);
+        LVal::Big(self.bigs.len() as u32 - 1)
+    }
+
+    fn new_list(&mut self) -> LVal {
+        self.lists.push(ListS {
+            start: self.pool.len() as u32,
+            len: 0,
+            own: NONE_U32,
+            memo: NONE_U32,
+            stack: NONE_U32,
+            sealed: false,
+            flushed: false,
+        });
+        LVal::List(self.lists.len() as u32 - 1)
+    }
+
+    fn new_dict(&mut self) -> LVal {
+        self.dicts.push(DictS {
+            start: self.dpool.len() as u32,
+            len: 0,
+            own: NONE_U32,
+            memo: NONE_U32,
+            rec: NONE_U32,
+            sealed: false,
+            flushed: false,
+        });
+        LVal::Dict(self.dicts.len() as u32 - 1)
+    }
+
+    pub fn list_items(&self, l: u32) -> &[LVal] {
+        let s = self.lists[l as usize];
+        if s.own != NONE_U32 {
+            return &self.owned[s.own as usize];
+        }
+        &self.pool[s.start as usize..(s.start + s.len) as usize]
+    }
+
+    pub fn tuple_items(&self, t: u32) -> &[LVal] {
+        let (s, n) = self.tuples[t as usize];
+        &self.pool[s as usize..(s + n) as usize]
+    }
+
+    /// True when dict `d` became a trace record.
+    pub fn dict_is_record(&self, d: u32) -> bool {
+        self.dicts[d as usize].rec != NONE_U32
+    }
+
+    pub fn dict_items(&self, d: u32) -> &[(LVal, LVal)] {
+        let s = self.dicts[d as usize];
+        if s.own != NONE_U32 {
+            return &self.downed[s.own as usize];
+        }
+        &self.dpool[s.start as usize..(s.start + s.len) as usize]
+    }
+
+    /// Appends to list `l`, keeping runs of records as one item.
+    fn list_extend(&mut self, l: u32, items: &[LVal]) -> R<()> {
+        let s = self.lists[l as usize];
+        if s.sealed || s.flushed || self.pool.len() + items.len() >= u32::MAX as usize {
+            return Err(Unsupported);
+        }
+        let at_end = s.start as usize + s.len as usize == self.pool.len();
+        if s.own == NONE_U32 && !at_end && s.len > 0 {
+            // Filled again after other containers: give it its own storage (once).
+            let old = self.pool[s.start as usize..(s.start + s.len) as usize].to_vec();
+            self.owned.push(old);
+            self.lists[l as usize].own = (self.owned.len() - 1) as u32;
+        } else if s.own == NONE_U32 && !at_end {
+            self.lists[l as usize].start = self.pool.len() as u32;
+        }
+        let own = self.lists[l as usize].own;
+        let mut len = self.lists[l as usize].len;
+        let target = if own == NONE_U32 {
+            &mut self.pool
+        } else {
+            &mut self.owned[own as usize]
+        };
+        for &v in items {
+            if push_item(target, len > 0, v) {
+                len += 1;
+            }
+        }
+        self.lists[l as usize].len = len;
+        Ok(())
+    }
+
+    fn new_tuple(&mut self, items: &[LVal]) -> R<LVal> {
+        let start = self.pool.len();
+        if items.iter().any(|v| matches!(v, LVal::Recs { .. })) {
+            return Err(Unsupported);
+        }
+        self.pool.extend_from_slice(items);
+        self.tuples.push((start as u32, items.len() as u32));
+        Ok(LVal::Tuple(self.tuples.len() as u32 - 1))
+    }
+
+    fn dict_extend(&mut self, d: u32, pairs: &[LVal]) -> R<()> {
+        let s = self.dicts[d as usize];
+        let at_end = s.start as usize + s.len as usize == self.dpool.len();
+        if s.own == NONE_U32 && !at_end && s.len > 0 {
+            let old = self.dpool[s.start as usize..(s.start + s.len) as usize].to_vec();
+            self.downed.push(old);
+            self.dicts[d as usize].own = (self.downed.len() - 1) as u32;
+        } else if s.own == NONE_U32 && !at_end {
+            self.dicts[d as usize].start = self.dpool.len() as u32;
+        }
+        let own = self.dicts[d as usize].own;
+        let target = if own == NONE_U32 {
+            &mut self.dpool
+        } else {
+            &mut self.downed[own as usize]
+        };
+        for kv in pairs.chunks_exact(2) {
+            if matches!(kv[0], LVal::Recs { .. }) || matches!(kv[1], LVal::Recs { .. }) {
+                return Err(Unsupported);
+            }
+            target.push((kv[0], kv[1]));
+        }
+        self.dicts[d as usize].len += (pairs.len() / 2) as u32;
+        Ok(())
+    }
+}
+
+/// Deepest nesting the copies between machines follow (the sequential reader takes deeper).
+const MAX_DEPTH: usize = 256;
+
+/// Copies value `v` of arena `from` into `to`. `text` re-homes strings; `memo` is told of every
+/// memoized container copied (old id → new value). Shared containers are copied once.
+pub struct Copier<'x, 'a> {
+    pub from: &'x Arena<'a>,
+    lists: FxHashMap<u32, u32>,
+    dicts: FxHashMap<u32, u32>,
+    tuples: FxHashMap<u32, u32>,
+    same_strings: bool,
+}
+
+impl<'x, 'a> Copier<'x, 'a> {
+    pub fn new(from: &'x Arena<'a>, same_strings: bool) -> Self {
+        Copier {
+            from,
+            lists: FxHashMap::default(),
+            dicts: FxHashMap::default(),
+            tuples: FxHashMap::default(),
+            same_strings,
+        }
+    }
+
+    pub fn copy(
+        &mut self,
+        to: &mut Arena<'a>,
+        v: LVal,
+        memo: &mut dyn FnMut(u32, LVal),
+        depth: usize,
+    ) -> R<LVal> {
+        if depth > MAX_DEPTH {
+            return Err(Unsupported);
+        }
+        Ok(match v {
+            LVal::Str(i) if !self.same_strings => LVal::Str(to.intern(self.from.strs[i as usize])),
+            LVal::Big(i) if !self.same_strings => to.big(self.from.bigs[i as usize]),
+            LVal::List(l) => {
+                if let Some(&n) = self.lists.get(&l) {
+                    return Ok(LVal::List(n));
+                }
+                let s = self.from.lists[l as usize];
+                let LVal::List(n) = to.new_list() else {
+                    return Err(Unsupported);
+                };
+                self.lists.insert(l, n);
+                let mut items = Vec::with_capacity(s.len as usize);
+                for &item in self.from.list_items(l) {
+                    items.push(self.copy(to, item, memo, depth + 1)?);
+                }
+                let start = to.pool.len() as u32;
+                to.pool.extend_from_slice(&items);
+                let t = &mut to.lists[n as usize];
+                t.start = start;
+                t.len = items.len() as u32;
+                t.memo = s.memo;
+                t.sealed = s.sealed;
+                if s.memo != NONE_U32 {
+                    memo(s.memo, LVal::List(n));
+                }
+                LVal::List(n)
+            }
+            LVal::Dict(d) => {
+                if let Some(&n) = self.dicts.get(&d) {
+                    return Ok(LVal::Dict(n));
+                }
+                let s = self.from.dicts[d as usize];
+                if s.rec != NONE_U32 {
+                    return Err(Unsupported);
+                }
+                let LVal::Dict(n) = to.new_dict() else {
+                    return Err(Unsupported);
+                };
+                self.dicts.insert(d, n);
+                let mut pairs = Vec::with_capacity(2 * s.len as usize);
+                for &(k, v) in self.from.dict_items(d) {
+                    pairs.push(self.copy(to, k, memo, depth + 1)?);
+                    pairs.push(self.copy(to, v, memo, depth + 1)?);
+                }
+                to.dict_extend(n, &pairs)?;
+                let t = &mut to.dicts[n as usize];
+                t.memo = s.memo;
+                t.sealed = s.sealed;
+                if s.memo != NONE_U32 {
+                    memo(s.memo, LVal::Dict(n));
+                }
+                LVal::Dict(n)
+            }
+            LVal::Tuple(t) => {
+                if let Some(&n) = self.tuples.get(&t) {
+                    return Ok(LVal::Tuple(n));
+                }
+                let mut items = Vec::new();
+                for &item in self.from.tuple_items(t) {
+                    items.push(self.copy(to, item, memo, depth + 1)?);
+                }
+                let LVal::Tuple(n) = to.new_tuple(&items)? else {
+                    return Err(Unsupported);
+                };
+                self.tuples.insert(t, n);
+                LVal::Tuple(n)
+            }
+            other => other,
+        })
+    }
+}
+
+/// Which kind of machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A chunk: memo indices from `memo_base` are local, lower ones are other chunks'.
+    Chunk,
+    /// The stitch: the whole stack; memo kept sparse.
+    Stitch,
+}
+
+/// One machine and what it built.
+pub struct Vm<'a, 'c> {
+    pub ctx: &'c Ctx<'a>,
+    /// Source id of the records this machine makes.
+    pub src: u32,
+    mode: Mode,
+    pub stack: Vec<LVal>,
+    pub marks: Vec<usize>,
+    memo_base: u32,
+    /// Next memo index a MEMOIZE assigns.
+    pub memo_next: u32,
+    /// Chunk mode: values of memo indices `memo_base..`.
+    memo: Vec<LVal>,
+    /// Stitch mode: memo values by index.
+    pub smemo: FxHashMap<u32, LVal>,
+    ext: ExtCache,
+    pub a: Arena<'a>,
+    pub part: Part,
+    pub slots: Vec<Slot>,
+    slot_index: FxHashMap<Box<[u32]>, u32>,
+    ext_slot: FxHashMap<u32, u32>,
+    /// Frames captured from this machine's dicts, by memo index.
+    pub frames: FxHashMap<u32, FrameC>,
+    pub macros: Vec<Macro>,
+    scratch: Vec<u32>,
+    scratch_vals: Vec<LVal>,
+    /// Action of each string, once looked up.
+    str_action: Vec<Option<Action>>,
+    /// Offset of the opcode being run.
+    pub op_pos: usize,
+}
+
+/// What a chunk hands on once it has run.
+pub struct ChunkOut<'a> {
+    pub macros: Vec<Macro>,
+    /// Containers reachable from the macros (strings shared with `a.strs`).
+    pub a: Arena<'a>,
+    pub part: Part,
+    pub slots: Vec<Slot>,
+    /// Frames lists stored in this chunk's memo that entries used: (memo index, slot); empty
+    /// ones (most of them in files without stacks) only as a bit in `empty_lists`.
+    pub memo_lists: Vec<(u32, u32)>,
+    /// Bit `i`: memo index `memo_base + i` is an empty frames list.
+    pub empty_lists: Vec<u64>,
+    /// Frame dicts captured here: (memo index, frame), sorted.
+    pub frames: Vec<(u32, FrameC)>,
+}
+
+impl<'a, 'c> Vm<'a, 'c> {
+    fn new(ctx: &'c Ctx<'a>, src: u32, mode: Mode, memo_base: u32) -> Self {
+        let mut slot_index = FxHashMap::default();
+        slot_index.insert(Box::<[u32]>::from([]), 0);
+        Vm {
+            ctx,
+            src,
+            mode,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo_base,
+            memo_next: memo_base,
+            memo: Vec::new(),
+            smemo: FxHashMap::default(),
+            ext: ExtCache::default(),
+            a: Arena::default(),
+            part: Part::default(),
+            // Slot 0 is the empty stack.
+            slots: vec![Slot::Content(Box::new([]))],
+            slot_index,
+            ext_slot: FxHashMap::default(),
+            frames: FxHashMap::default(),
+            macros: Vec::new(),
+            scratch: Vec::new(),
+            scratch_vals: Vec::new(),
+            str_action: Vec::new(),
+            op_pos: 0,
+        }
+    }
+
+    pub fn chunk(ctx: &'c Ctx<'a>, index: usize) -> Self {
+        let base = ctx.chunks[index].memo_base;
+        Vm::new(ctx, index as u32, Mode::Chunk, base)
+    }
+
+    pub fn stitch(ctx: &'c Ctx<'a>) -> Self {
+        Vm::new(ctx, ctx.chunks.len() as u32, Mode::Stitch, 0)
+    }
+
+    // ----- memo -----
+
+    #[inline(always)]
+    fn memo_get(&mut self, g: u32) -> R<LVal> {
+        let v = match self.mode {
+            Mode::Chunk => {
+                if g < self.memo_base {
+                    return Ok(LVal::Ext(g));
+                }
+                *self
+                    .memo
+                    .get((g - self.memo_base) as usize)
+                    .ok_or(Unsupported)?
+            }
+            Mode::Stitch => self.smemo.get(&g).copied().unwrap_or(LVal::Ext(g)),
+        };
+        // A trace entry fetched again (CPython never does this; the same entry twice in a trace
+        // is a memo bomb): the sequential reader decides.
+        match v {
+            LVal::Rec { .. } => Err(Unsupported),
+            LVal::Dict(d) if self.a.dicts[d as usize].rec != NONE_U32 => Err(Unsupported),
+            _ => Ok(v),
+        }
+    }
+
+    fn memo_put(&mut self, v: LVal) -> R<()> {
+        let g = self.memo_next;
+        self.memo_next = g.checked_add(1).ok_or(Unsupported)?;
+        match v {
+            LVal::List(l) => {
+                let l = &mut self.a.lists[l as usize];
+                if l.memo == NONE_U32 {
+                    l.memo = g;
+                }
+            }
+            LVal::Dict(d) => {
+                let d = &mut self.a.dicts[d as usize];
+                if d.memo == NONE_U32 {
+                    d.memo = g;
+                }
+            }
+            _ => {}
+        }
+        match self.mode {
+            Mode::Chunk => self.memo.push(v),
+            Mode::Stitch => {
+                self.smemo.insert(g, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// A value with other chunks' scalars and strings read in; containers stay `Ext`.
+    #[inline(always)]
+    pub fn deref(&mut self, v: LVal) -> R<LVal> {
+        let LVal::Ext(g) = v else { return Ok(v) };
+        if let Some(r) = self.ext.get(g) {
+            return Ok(r);
+        }
+        self.deref_slow(g)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn deref_slow(&mut self, g: u32) -> R<LVal> {
+        let r = match self.ctx.resolve(g) {
+            Resolved::Str(s) => LVal::Str(self.a.intern(s)),
+            Resolved::Int(i) => LVal::Int(i),
+            Resolved::Big(b) => self.a.big(b),
+            Resolved::Float(f) => LVal::Float(f),
+            Resolved::None => LVal::None,
+            Resolved::Bool(b) => LVal::Bool(b),
+            Resolved::Container => LVal::Ext(g),
+            Resolved::Unknown => return Err(Unsupported),
+        };
+        self.ext.put(g, r);
+        Ok(r)
+    }
+
+    #[inline(always)]
+    fn field(&mut self, key: LVal) -> R<u8> {
+        Ok(match key {
+            LVal::Str(i) => self.a.str_field[i as usize],
+            LVal::Ext(_) => match self.deref(key)? {
+                LVal::Str(i) => self.a.str_field[i as usize],
+                _ => F_NOT_STR,
+            },
+            _ => F_NOT_STR,
+        })
+    }
+
+    // ----- running opcodes -----
+
+    /// Items above the innermost mark.
+    fn floor(&self) -> usize {
+        self.marks.last().copied().unwrap_or(0)
+    }
+
+    /// Runs the opcodes of `start..end` (chunk mode); `Ok(true)` when STOP was reached.
+    pub fn run(&mut self, start: usize, end: usize) -> R<bool> {
+        let data = self.ctx.data;
+        let data = &data[..end.min(data.len())];
+        let mut pos = start;
+        while pos < data.len() {
+            self.op_pos = pos;
+            let code = data[pos];
+            let n = match scan::op_len(data, pos) {
+                scan::Step::Len(n) => n,
+                _ => return Err(Unsupported),
+            };
+            pos += n;
+            if code == op::STOP {
+                self.raw(self.op_pos);
+                return Ok(true);
+            }
+            if code == op::EMPTY_DICT {
+                if let Some(end) = self.entry(data, self.op_pos) {
+                    pos = end;
+                    continue;
+                }
+            }
+            self.step(code, &data[self.op_pos..pos])?;
+        }
+        Ok(false)
+    }
+
+    /// The shape CPython writes for a trace entry, decoded without the stack machine:
+    /// `EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`, keys fetched from the memo; values
+    /// ints, strings, memo fetches or a frames list of memo fetches. Returns the position after
+    /// SETITEMS, or `None`, with nothing changed, to let the machine run the same bytes.
+    fn entry(&mut self, data: &'a [u8], pos: usize) -> Option<usize> {
+        if data.get(pos + 1) != Some(&op::MEMOIZE) || data.get(pos + 2) != Some(&op::MARK) {
+            return None;
+        }
+        let saved = (
+            self.memo.len(),
+            self.memo_next,
+            self.a.lists.len(),
+            self.a.pool.len(),
+        );
+        match self.entry_body(data, pos + 3) {
+            Ok(Some(end)) => Some(end),
+            _ => {
+                self.memo.truncate(saved.0);
+                self.memo_next = saved.1;
+                self.a.lists.truncate(saved.2);
+                self.a.pool.truncate(saved.3);
+                None
+            }
+        }
+    }
+
+    /// A memo fetch at `p`: the value and the position after it.
+    #[inline(always)]
+    fn fetch(&mut self, data: &[u8], p: usize) -> R<(LVal, usize)> {
+        match data.get(p) {
+            Some(&op::BINGET) => {
+                let g = *data.get(p + 1).ok_or(Unsupported)? as u32;
+                Ok((self.memo_get(g)?, p + 2))
+            }
+            Some(&op::LONG_BINGET) => {
+                let b = data.get(p + 1..p + 5).ok_or(Unsupported)?;
+                let g = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                Ok((self.memo_get(g)?, p + 5))
+            }
+            _ => Err(Unsupported),
+        }
+    }
+
+    fn memoize_here(&mut self, v: LVal) {
+        if let LVal::List(l) = v {
+            self.a.lists[l as usize].memo = self.memo_next;
+        }
+        self.memo.push(v);
+        self.memo_next += 1;
+    }
+
+    fn entry_body(&mut self, data: &'a [u8], mut p: usize) -> R<Option<usize>> {
+        let dict_slot = self.memo.len();
+        self.memo.push(LVal::None);
+        self.memo_next += 1;
+        let mut f: [Option<LVal>; 9] = [None; 9];
+        loop {
+            let code = *data.get(p).ok_or(Unsupported)?;
+            if code == op::SETITEMS {
+                p += 1;
+                break;
+            }
+            let (key, np) = self.fetch(data, p)?;
+            p = np;
+            let field = self.field(key)?;
+            let code = *data.get(p).ok_or(Unsupported)?;
+            let arg = |n: usize| data.get(p + 1..p + 1 + n).ok_or(Unsupported);
+            let v = match code {
+                op::BININT1 => {
+                    let b = arg(1)?;
+                    p += 2;
+                    LVal::Int(b[0] as i64)
+                }
+                op::BININT2 => {
+                    let b = arg(2)?;
+                    p += 3;
+                    LVal::Int(u16::from_le_bytes([b[0], b[1]]) as i64)
+                }
+                op::BININT => {
+                    let b = arg(4)?;
+                    p += 5;
+                    LVal::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
+                }
+                op::LONG1 => {
+                    let n = arg(1)?[0] as usize;
+                    if n > 8 {
+                        return Err(Unsupported);
+                    }
+                    let raw = data.get(p + 2..p + 2 + n).ok_or(Unsupported)?;
+                    p += 2 + n;
+                    LVal::Int(le_signed(raw) as i64)
+                }
+                op::SHORT_BINUNICODE => {
+                    let n = arg(1)?[0] as usize;
+                    let raw = data.get(p + 2..p + 2 + n).ok_or(Unsupported)?;
+                    let s = std::str::from_utf8(raw).map_err(|_| Unsupported)?;
+                    p += 2 + n;
+                    let v = LVal::Str(self.a.intern(s));
+                    if data.get(p) == Some(&op::MEMOIZE) {
+                        p += 1;
+                        self.memoize_here(v);
+                    }
+                    v
+                }
+                op::BINGET | op::LONG_BINGET => {
+                    let (v, np) = self.fetch(data, p)?;
+                    p = np;
+                    v
+                }
+                op::EMPTY_LIST => {
+                    let v = self.a.new_list();
+                    p += 1;
+                    if data.get(p) == Some(&op::MEMOIZE) {
+                        p += 1;
+                        self.memoize_here(v);
+                    }
+                    let LVal::List(l) = v else {
+                        return Err(Unsupported);
+                    };
+                    match data.get(p) {
+                        Some(&op::MARK) => {
+                            p += 1;
+                            let mut items = std::mem::take(&mut self.scratch_vals);
+                            items.clear();
+                            let mut ok = true;
+                            while data.get(p) != Some(&op::APPENDS) {
+                                match self.fetch(data, p) {
+                                    Ok((item, np)) => {
+                                        items.push(item);
+                                        p = np;
+                                    }
+                                    Err(_) => {
+                                        ok = false;
+                                        break;
+                                    }
+                                }
+                            }
+                            let r = if ok {
+                                self.a.list_extend(l, &items)
+                            } else {
+                                Err(Unsupported)
+                            };
+                            self.scratch_vals = items;
+                            r?;
+                            p += 1;
+                        }
+                        Some(&(op::BINGET | op::LONG_BINGET)) => {
+                            let (item, np) = self.fetch(data, p)?;
+                            if data.get(np) != Some(&op::APPEND) {
+                                return Err(Unsupported);
+                            }
+                            self.a.list_extend(l, &[item])?;
+                            p = np + 1;
+                        }
+                        _ => {}
+                    }
+                    v
+                }
+                op::NEWTRUE => {
+                    p += 1;
+                    LVal::Bool(true)
+                }
+                op::NEWFALSE => {
+                    p += 1;
+                    LVal::Bool(false)
+                }
+                op::NONE => {
+                    p += 1;
+                    LVal::None
+                }
+                _ => return Err(Unsupported),
+            };
+            if field <= F_CC {
+                f[field as usize] = Some(v);
+            }
+        }
+        if f[F_ACTION as usize].is_none() {
+            return Ok(None);
+        }
+        let row = self.record(&f)?;
+        let rec = LVal::Rec { src: self.src, row };
+        self.memo[dict_slot] = rec;
+        self.stack.push(rec);
+        Ok(Some(p))
+    }
+
+    /// Runs one opcode recorded by a chunk (stitch mode). Returns the root at STOP.
+    pub fn exec_at(&mut self, pos: usize, memo: u32) -> R<Option<LVal>> {
+        let data = self.ctx.data;
+        self.op_pos = pos;
+        let n = match scan::op_len(data, pos) {
+            scan::Step::Len(n) => n,
+            _ => return Err(Unsupported),
+        };
+        let code = data[pos];
+        if code == op::STOP {
+            // Marks left open at STOP are the sequential reader's to report.
+            if !self.marks.is_empty() {
+                return Err(Unsupported);
+            }
+            let root = self.pop()?;
+            return Ok(Some(root));
+        }
+        self.memo_next = memo;
+        self.step(code, &data[pos..pos + n])?;
+        Ok(None)
+    }
+
+    /// Records the opcode at `pos` for the stitch, after the values pushed so far.
+    fn raw(&mut self, pos: usize) {
+        self.flush();
+        self.macros.push(Macro::Raw {
+            pos,
+            memo: self.memo_next,
+        });
+    }
+
+    /// Hands the local stack (values and marks) to the stitch.
+    pub fn flush(&mut self) {
+        let mut m = 0;
+        for i in 0..self.stack.len() {
+            while m < self.marks.len() && self.marks[m] == i {
+                self.macros.push(Macro::Mark);
+                m += 1;
+            }
+            let v = self.stack[i];
+            match v {
+                LVal::List(l) => self.a.lists[l as usize].flushed = true,
+                LVal::Dict(d) => self.a.dicts[d as usize].flushed = true,
+                _ => {}
+            }
+            let merged = match (self.macros.last_mut(), v) {
+                (Some(Macro::Push(LVal::Recs { src, start, len })), LVal::Rec { src: s2, row })
+                    if *src == s2 && *start + *len == row =>
+                {
+                    *len += 1;
+                    true
+                }
+                _ => false,
+            };
+            if !merged {
+                let v = match v {
+                    LVal::Rec { src, row } => LVal::Recs {
+                        src,
+                        start: row,
+                        len: 1,
+                    },
+                    other => other,
+                };
+                self.macros.push(Macro::Push(v));
+            }
+        }
+        while m < self.marks.len() {
+            self.macros.push(Macro::Mark);
+            m += 1;
+        }
+        self.stack.clear();
+        self.marks.clear();
+    }
+
+    /// Chunk mode: does the opcode need `need` items (and a target under them) from below
+    /// the chunk's start? Then it is recorded for the stitch instead.
+    fn outer(&self, need: usize, target: bool) -> bool {
+        if self.mode == Mode::Stitch {
+            return false;
+        }
+        let have = self.stack.len() - self.floor();
+        if have < need {
+            return true;
+        }
+        if target {
+            let below = self.stack.len() - need;
+            if below == 0 {
+                return true;
+            }
+            return matches!(self.stack[below - 1], LVal::Ext(_));
+        }
+        false
+    }
+
+    fn pop(&mut self) -> R<LVal> {
+        if self.stack.len() <= self.floor() {
+            return Err(Unsupported);
+        }
+        self.stack.pop().ok_or(Unsupported)
+    }
+
+    fn step(&mut self, code: u8, ins: &'a [u8]) -> R<()> {
+        match code {
+            op::FRAME | op::PROTO => {}
+            op::MARK => self.marks.push(self.stack.len()),
+            op::NONE => self.stack.push(LVal::None),
+            op::NEWTRUE => self.stack.push(LVal::Bool(true)),
+            op::NEWFALSE => self.stack.push(LVal::Bool(false)),
+            op::BININT1 => self.stack.push(LVal::Int(ins[1] as i64)),
+            op::BININT2 => self
+                .stack
+                .push(LVal::Int(u16::from_le_bytes([ins[1], ins[2]]) as i64)),
+            op::BININT => {
+                self.stack.push(LVal::Int(
+                    i32::from_le_bytes([ins[1], ins[2], ins[3], ins[4]]) as i64,
+                ))
+            }
+            op::LONG1 => {
+                let raw = &ins[2..];
+                if raw.len() > 16 {
+                    return Err(Unsupported);
+                }
+                let v = le_signed(raw);
+                let v = match i64::try_from(v) {
+                    Ok(i) => LVal::Int(i),
+                    Err(_) => self.a.big(v),
+                };
+                self.stack.push(v);
+            }
+            op::BINFLOAT => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&ins[1..9]);
+                self.stack.push(LVal::Float(f64::from_be_bytes(b)));
+            }
+            op::SHORT_BINUNICODE | op::BINUNICODE | op::BINUNICODE8 => {
+                let skip = match code {
+                    op::SHORT_BINUNICODE => 2,
+                    op::BINUNICODE => 5,
+                    _ => 9,
+                };
+                // Invalid UTF-8 (or CPython's surrogate escapes) is the sequential reader's job.
+                let s = std::str::from_utf8(&ins[skip..]).map_err(|_| Unsupported)?;
+                let i = self.a.intern(s);
+                self.stack.push(LVal::Str(i));
+            }
+            op::EMPTY_LIST => {
+                let v = self.a.new_list();
+                self.stack.push(v);
+            }
+            op::EMPTY_DICT => {
+                let v = self.a.new_dict();
+                self.stack.push(v);
+            }
+            op::EMPTY_TUPLE => {
+                let v = self.a.new_tuple(&[])?;
+                self.stack.push(v);
+            }
+            op::BINGET => {
+                let v = self.memo_get(ins[1] as u32)?;
+                self.stack.push(v);
+            }
+            op::LONG_BINGET => {
+                let v = self.memo_get(u32::from_le_bytes([ins[1], ins[2], ins[3], ins[4]]))?;
+                self.stack.push(v);
+            }
+            op::MEMOIZE => {
+                if self.outer(1, false) {
+                    self.raw(self.op_pos);
+                    // The stitch stores the value; here it is another chunk's.
+                    self.memo.push(LVal::Ext(self.memo_next));
+                    self.memo_next += 1;
+                    return Ok(());
+                }
+                let v = self.target()?;
+                self.memo_put(v)?;
+            }
+            op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
+                let n = (code - op::TUPLE1 + 1) as usize;
+                if self.outer(n, false) {
+                    self.raw(self.op_pos);
+                    return Ok(());
+                }
+                let from = self.stack.len().checked_sub(n).ok_or(Unsupported)?;
+                if from < self.floor() {
+                    return Err(Unsupported);
+                }
+                let t = self.a.new_tuple(&self.stack[from..])?;
+                self.stack.truncate(from);
+                self.stack.push(t);
+            }
+            op::TUPLE => {
+                let Some(m) = self.marks.pop() else {
+                    if self.mode == Mode::Chunk {
+                        self.raw(self.op_pos);
+                        return Ok(());
+                    }
+                    return Err(Unsupported);
+                };
+                let t = self.a.new_tuple(&self.stack[m..])?;
+                self.stack.truncate(m);
+                self.stack.push(t);
+            }
+            op::APPEND => {
+                if self.outer(1, true) {
+                    self.raw(self.op_pos);
+                    return Ok(());
+                }
+                let item = self.pop()?;
+                let LVal::List(l) = self.target()? else {
+                    return Err(Unsupported);
+                };
+                self.a.list_extend(l, &[item])?;
+            }
+            op::APPENDS | op::SETITEMS => {
+                let m = match self.marks.last() {
+                    Some(&m) => m,
+                    None if self.mode == Mode::Chunk => {
+                        self.raw(self.op_pos);
+                        return Ok(());
+                    }
+                    None => return Err(Unsupported),
+                };
+                if self.mode == Mode::Chunk && (m == 0 || matches!(self.stack[m - 1], LVal::Ext(_)))
+                {
+                    self.raw(self.op_pos);
+                    return Ok(());
+                }
+                self.marks.pop();
+                if m == 0 || m <= self.floor() {
+                    return Err(Unsupported);
+                }
+                let target = self.stack[m - 1];
+                if code == op::APPENDS {
+                    let LVal::List(l) = target else {
+                        return Err(Unsupported);
+                    };
+                    let stack = std::mem::take(&mut self.stack);
+                    let r = self.a.list_extend(l, &stack[m..]);
+                    self.stack = stack;
+                    r?;
+                    self.stack.truncate(m);
+                } else {
+                    let LVal::Dict(d) = target else {
+                        return Err(Unsupported);
+                    };
+                    self.set_items(d, m)?;
+                }
+            }
+            op::SETITEM => {
+                if self.outer(2, true) {
+                    self.raw(self.op_pos);
+                    return Ok(());
+                }
+                let from = self.stack.len().checked_sub(2).ok_or(Unsupported)?;
+                if from == 0 || from <= self.floor() {
+                    return Err(Unsupported);
+                }
+                let LVal::Dict(d) = self.stack[from - 1] else {
+                    return Err(Unsupported);
+                };
+                self.set_items(d, from)?;
+            }
+            _ => return Err(Unsupported),
+        }
+        Ok(())
+    }
+
+    fn target(&self) -> R<LVal> {
+        if self.stack.len() <= self.floor() {
+            return Err(Unsupported);
+        }
+        self.stack.last().copied().ok_or(Unsupported)
+    }
+
+    /// SETITEM(S) on dict `d` with the pairs `stack[from..]`. A fresh dict with an `action` key
+    /// becomes a trace record; any other dict keeps its items.
+    fn set_items(&mut self, d: u32, from: usize) -> R<()> {
+        let n = self.stack.len() - from;
+        if n % 2 != 0 {
+            return Err(Unsupported);
+        }
+        let s = self.a.dicts[d as usize];
+        if s.sealed || s.flushed || s.rec != NONE_U32 {
+            return Err(Unsupported);
+        }
+        if s.len == 0 {
+            if let Some(row) = self.try_record(from)? {
+                self.stack.truncate(from);
+                let ds = &mut self.a.dicts[d as usize];
+                ds.rec = row;
+                ds.sealed = true;
+                if let Some(top) = self.stack.last_mut() {
+                    if *top == LVal::Dict(d) {
+                        *top = LVal::Rec { src: self.src, row };
+                    }
+                }
+                return Ok(());
+            }
+        }
+        let stack = std::mem::take(&mut self.stack);
+        let r = self.a.dict_extend(d, &stack[from..]);
+        self.stack = stack;
+        r?;
+        self.stack.truncate(from);
+        Ok(())
+    }
+
+    fn u64_field(&mut self, v: Option<LVal>) -> R<Option<u64>> {
+        match v.map(|v| self.deref(v)).transpose()? {
+            None | Some(LVal::None) => Ok(None),
+            Some(LVal::Int(i)) => u64::try_from(i).map(Some).map_err(|_| Unsupported),
+            Some(LVal::Big(b)) => u64::try_from(self.a.bigs[b as usize])
+                .map(Some)
+                .map_err(|_| Unsupported),
+            Some(_) => Err(Unsupported),
+        }
+    }
+
+    fn opt_text(&mut self, v: Option<LVal>) -> R<Option<TextId>> {
+        match v.map(|v| self.deref(v)).transpose()? {
+            Some(LVal::Str(i)) => Ok(Some(TextId(i))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The decoder's `trace_entry` on the pairs `stack[from..]`: `None` when there is no
+    /// `action` key (not a trace entry), `Unsupported` where the decoder would fail.
+    fn try_record(&mut self, from: usize) -> R<Option<u32>> {
+        let mut f: [Option<LVal>; 9] = [None; 9];
+        let mut i = from;
+        while i + 1 < self.stack.len() {
+            let (k, v) = (self.stack[i], self.stack[i + 1]);
+            let field = self.field(k)?;
+            if field <= F_CC {
+                f[field as usize] = Some(v);
+            }
+            i += 2;
+        }
+        if f[F_ACTION as usize].is_none() {
+            return Ok(None);
+        }
+        self.record(&f).map(Some)
+    }
+
+    /// A trace record from the values of its keys (indexed by `F_*`); `action` is present.
+    fn record(&mut self, f: &[Option<LVal>; 9]) -> R<u32> {
+        let action_value = f[F_ACTION as usize].ok_or(Unsupported)?;
+        let LVal::Str(action_str) = self.deref(action_value)? else {
+            return Err(Unsupported);
+        };
+        let action = self.action_of(action_str);
+        let action_text = (action == Action::Other).then_some(TextId(action_str));
+        let addr = self.u64_field(f[F_ADDR as usize])?;
+        let size = self.u64_field(f[F_SIZE as usize])?.ok_or(Unsupported)?;
+        let stream = self.u64_field(f[F_STREAM as usize])?.unwrap_or(0);
+        let device_free = self.u64_field(f[F_DEVICE_FREE as usize])?;
+        let time_us = match f[F_TIME as usize].map(|v| self.deref(v)).transpose()? {
+            None | Some(LVal::None) => None,
+            Some(LVal::Int(t)) => Some(t),
+            Some(_) => return Err(Unsupported),
+        };
+        let addr = match (addr, action) {
+            (Some(a), _) => a,
+            (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
+            (None, _) => return Err(Unsupported),
+        };
+        let frames = self.stack_slot(f[F_FRAMES as usize])?;
+        let user_metadata = self.opt_text(f[F_UM as usize])?;
+        let compile_context = self.opt_text(f[F_CC as usize])?;
+        let row = self.part.len();
+        if row >= NONE_U32 as usize - 1 {
+            return Err(Unsupported);
+        }
+        self.part.push(&TraceEntry {
+            action,
+            action_text,
+            addr,
+            size,
+            stream,
+            device_free,
+            time_us,
+            frames: StackId(frames),
+            user_metadata,
+            compile_context,
+        });
+        Ok(row as u32)
+    }
+
+    fn action_of(&mut self, s: u32) -> Action {
+        let i = s as usize;
+        if self.str_action.len() <= i {
+            self.str_action.resize(i + 1, None);
+        }
+        *self.str_action[i].get_or_insert_with(|| Action::from_name(self.a.strs[i]))
+    }
+
+    /// Stack slot of a `frames` value (the decoder's `stack`).
+    pub fn stack_slot(&mut self, v: Option<LVal>) -> R<u32> {
+        match v {
+            None | Some(LVal::None) => Ok(0),
+            // Another chunk's list (its value is not read here: that would mean walking the
+            // chunk that stored it); the stitch resolves it.
+            Some(LVal::Ext(g)) => {
+                if let Some(&s) = self.ext_slot.get(&g) {
+                    return Ok(s);
+                }
+                let s = self.slots.len() as u32;
+                self.slots.push(Slot::ExtList(g));
+                self.ext_slot.insert(g, s);
+                Ok(s)
+            }
+            Some(LVal::List(l)) => {
+                let s = self.a.lists[l as usize];
+                if s.stack != NONE_U32 {
+                    return Ok(s.stack);
+                }
+                let slot = self.content_slot(LVal::List(l))?;
+                let s = &mut self.a.lists[l as usize];
+                s.stack = slot;
+                s.sealed = true;
+                Ok(slot)
+            }
+            Some(v @ LVal::Tuple(_)) => self.content_slot(v),
+            Some(_) => Err(Unsupported),
+        }
+    }
+
+    /// Slot of the frames of list or tuple `v`, deduplicated by content.
+    fn content_slot(&mut self, v: LVal) -> R<u32> {
+        let empty = match v {
+            LVal::List(l) => self.a.list_items(l).is_empty(),
+            LVal::Tuple(t) => self.a.tuple_items(t).is_empty(),
+            _ => false,
+        };
+        if empty {
+            return Ok(0);
+        }
+        let mut vals = std::mem::take(&mut self.scratch_vals);
+        vals.clear();
+        match v {
+            LVal::List(l) => vals.extend_from_slice(self.a.list_items(l)),
+            LVal::Tuple(t) => vals.extend_from_slice(self.a.tuple_items(t)),
+            _ => return Err(Unsupported),
+        }
+        let mut refs = std::mem::take(&mut self.scratch);
+        refs.clear();
+        let mut failed = false;
+        for &v in &vals {
+            match self.frame_ref(v) {
+                Ok(g) => refs.push(g),
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        self.scratch_vals = vals;
+        if failed {
+            self.scratch = refs;
+            return Err(Unsupported);
+        }
+        let slot = match self.slot_index.get(refs.as_slice()) {
+            Some(&s) => s,
+            None => {
+                let s = self.slots.len() as u32;
+                let boxed: Box<[u32]> = refs.as_slice().into();
+                self.slots.push(Slot::Content(boxed.clone()));
+                self.slot_index.insert(boxed, s);
+                s
+            }
+        };
+        self.scratch = refs;
+        Ok(slot)
+    }
+
+    /// A frame dict as the memo index it was stored under (its identity across chunks); a
+    /// local dict's content is captured now.
+    fn frame_ref(&mut self, v: LVal) -> R<u32> {
+        match v {
+            LVal::Ext(g) => Ok(g),
+            LVal::Dict(d) => {
+                let s = self.a.dicts[d as usize];
+                if s.memo == NONE_U32 || s.rec != NONE_U32 {
+                    return Err(Unsupported);
+                }
+                if !self.frames.contains_key(&s.memo) {
+                    let f = self.capture_frame(d)?;
+                    self.frames.insert(s.memo, f);
+                    self.a.dicts[d as usize].sealed = true;
+                }
+                Ok(s.memo)
+            }
+            _ => Err(Unsupported),
+        }
+    }
+
+    /// The decoder's `frame` on dict `d`.
+    pub fn capture_frame(&mut self, d: u32) -> R<FrameC> {
+        let (mut name, mut filename, mut line) = (None, None, None);
+        let items: Vec<(LVal, LVal)> = self.a.dict_items(d).to_vec();
+        for (k, v) in items {
+            match self.field(k)? {
+                F_NAME => name = Some(v),
+                F_FILENAME => filename = Some(v),
+                F_LINE => line = Some(v),
+                _ => {}
+            }
+        }
+        let text = |vm: &mut Self, v: Option<LVal>| -> R<u32> {
+            match v.map(|v| vm.deref(v)).transpose()? {
+                None => Ok(vm.a.intern("??")),
+                Some(LVal::Str(i)) => Ok(i),
+                Some(_) => Err(Unsupported),
+            }
+        };
+        let name = text(self, name)?;
+        let filename = text(self, filename)?;
+        let line = match line.map(|v| self.deref(v)).transpose()? {
+            None | Some(LVal::None) => 0,
+            Some(LVal::Int(i)) => i,
+            Some(_) => return Err(Unsupported),
+        };
+        Ok(FrameC {
+            name,
+            filename,
+            line,
+        })
+    }
+
+    /// Items a stack value stands for in a list (runs of records count each record).
+    fn item_count(v: LVal) -> usize {
+        match v {
+            LVal::Recs { len, .. } => len as usize,
+            _ => 1,
+        }
+    }
+
+    /// Stitch mode: the path of the value being built when the input ends (the sequential
+    /// reader's `inside`, on the same state).
+    pub fn inside(&self) -> Option<String> {
+        let levels: Vec<Level> = self
+            .marks
+            .iter()
+            .map(|&m| {
+                let container = match m.checked_sub(1).and_then(|i| self.stack.get(i)) {
+                    Some(LVal::List(l)) => Holder::List(
+                        self.a
+                            .list_items(*l)
+                            .iter()
+                            .map(|v| Self::item_count(*v))
+                            .sum(),
+                    ),
+                    Some(LVal::Dict(_)) => Holder::Dict,
+                    _ => Holder::Other,
+                };
+                Level { mark: m, container }
+            })
+            .collect();
+        inside_path(&levels, self)
+    }
+
+    /// Stitch mode: closes what a cut left open, as `pickle::parse_salvage` does; returns the
+    /// root (the outermost value).
+    pub fn close_for_salvage(&mut self) -> R<LVal> {
+        while let Some(m) = self.marks.pop() {
+            let mut items = self.stack.split_off(m.min(self.stack.len()));
+            let Some(below) = m.checked_sub(1) else {
+                continue;
+            };
+            match self.stack.get(below).copied() {
+                Some(LVal::List(l)) => {
+                    while let Some(v) = items.last() {
+                        let empty = match v {
+                            LVal::List(x) => self.a.list_items(*x).is_empty(),
+                            LVal::Dict(d) => {
+                                !self.a.dict_is_record(*d) && self.a.dict_items(*d).is_empty()
+                            }
+                            _ => false,
+                        };
+                        if !empty {
+                            break;
+                        }
+                        items.pop();
+                    }
+                    self.a.list_extend(l, &items)?;
+                }
+                Some(LVal::Dict(d)) if below == 0 => {
+                    // `[…, key, list, item]`: the item awaited its APPEND.
+                    if items.len() % 2 == 1 && items.len() >= 3 {
+                        if let LVal::List(l) = items[items.len() - 2] {
+                            if let Some(last) = items.pop() {
+                                let empty = match last {
+                                    LVal::List(x) => self.a.list_items(x).is_empty(),
+                                    LVal::Dict(x) => {
+                                        !self.a.dict_is_record(x) && self.a.dict_items(x).is_empty()
+                                    }
+                                    _ => false,
+                                };
+                                if !empty {
+                                    self.a.list_extend(l, &[last])?;
+                                }
+                            }
+                        }
+                    }
+                    let n = items.len() / 2 * 2;
+                    self.a.dict_extend(d, &items[..n])?;
+                }
+                Some(LVal::Dict(_)) => self.stack.truncate(below),
+                _ => {}
+            }
+        }
+        self.stack.first().copied().ok_or(Unsupported)
+    }
+
+    /// Chunk mode: the compact result (what the stitch and the resolution need).
+    pub fn finish(mut self) -> R<ChunkOut<'a>> {
+        self.flush();
+        let from = std::mem::take(&mut self.a);
+        let mut out = Arena::default();
+        let mut copier = Copier::new(&from, true);
+        for m in &mut self.macros {
+            if let Macro::Push(v) = m {
+                *v = copier.copy(&mut out, *v, &mut |_, _| {}, 0)?;
+            }
+        }
+        drop(copier);
+        let mut memo_lists = Vec::new();
+        let mut empty_lists = vec![0u64; self.memo.len().div_ceil(64)];
+        for (i, v) in self.memo.iter().enumerate() {
+            if let LVal::List(l) = v {
+                let s = from.lists[*l as usize];
+                if s.stack != NONE_U32 && s.memo == self.memo_base + i as u32 {
+                    if s.stack == 0 {
+                        empty_lists[i / 64] |= 1 << (i % 64);
+                    } else {
+                        memo_lists.push((s.memo, s.stack));
+                    }
+                }
+            }
+        }
+        out.strs = from.strs;
+        out.bigs = from.bigs;
+        let mut frames: Vec<(u32, FrameC)> = self.frames.into_iter().collect();
+        frames.sort_unstable_by_key(|(g, _)| *g);
+        let mut part = self.part;
+        part.seal();
+        Ok(ChunkOut {
+            macros: self.macros,
+            a: out,
+            part,
+            slots: self.slots,
+            memo_lists,
+            empty_lists,
+            frames,
+        })
+    }
+}
+
+impl StackView for Vm<'_, '_> {
+    fn key(&self, i: usize) -> Option<String> {
+        match self.stack.get(i) {
+            Some(LVal::Str(s)) => self.a.strs.get(*s as usize).map(|s| (*s).to_owned()),
+            Some(LVal::Ext(g)) => match self.ctx.resolve(*g) {
+                Resolved::Str(s) => Some(s.to_owned()),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn list_len(&self, i: usize) -> Option<usize> {
+        match self.stack.get(i) {
+            Some(LVal::List(l)) => Some(
+                self.a
+                    .list_items(*l)
+                    .iter()
+                    .map(|v| Self::item_count(*v))
+                    .sum(),
+            ),
+            _ => None,
+        }
+    }
+
+    fn count(&self, i: usize) -> usize {
+        self.stack.get(i).map_or(1, |v| Self::item_count(*v))
+    }
+}
+
+/// Runs chunk `index` of the input.
+pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize) -> R<ChunkOut<'a>> {
+    let c = &ctx.chunks[index];
+    let mut vm = Vm::chunk(ctx, index);
+    vm.run(c.start, c.end)?;
+    vm.finish()
+}
+
+#[allow(dead_code)]
+const _: () = assert!(std::mem::size_of::<LVal>() == 16);

@@ -1,0 +1,51 @@
+//! Throughput of the reader and of the replay, in input bytes per second, on the largest real
+//! fixture (3.9 MB, 22k trace entries with stacks). Run with `cargo bench --features bench`;
+//! `bench/run.sh` measures whole commands on 10 MB – 1 GB files.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+use snapscan::analysis::replay::replay_device;
+use snapscan::snapshot;
+
+const FIXTURE: &str =
+    "fixtures/real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle";
+
+fn data() -> Vec<u8> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    std::fs::read(path).expect("fixture")
+}
+
+fn reader(c: &mut Criterion) {
+    let data = data();
+    let mut g = c.benchmark_group("reader");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function("parallel (snapshot model)", |b| {
+        b.iter(|| snapshot::load_bytes_parallel(&data).expect("parallel reader"))
+    });
+    g.bench_function("sequential (document + decoder)", |b| {
+        b.iter(|| snapshot::load_bytes_sequential("f", &data).expect("sequential reader"))
+    });
+    g.bench_function("pickle document only", |b| {
+        b.iter(|| snapscan::pickle::parse(&data).expect("pickle"))
+    });
+    g.finish();
+}
+
+fn replay(c: &mut Criterion) {
+    let data = data();
+    let snap = snapshot::load_bytes("f", &data).expect("fixture loads");
+    let mut g = c.benchmark_group("replay");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function("replay_device", |b| {
+        b.iter(|| {
+            snap.devices()
+                .into_iter()
+                .map(|d| replay_device(&snap, d).events)
+                .sum::<usize>()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, reader, replay);
+criterion_main!(benches);

@@ -1,0 +1,719 @@
+//! Data quality: is the snapshot consistent with itself and with its own replay?
+//!
+//! PyTorch writes dumps that satisfy a set of invariants (snapshot-format.md §2, §3, §6): blocks
+//! tile their segment, segment sums equal block sums, segments of a device do not overlap, a free
+//! follows an allocation, `snapshot` markers record the active bytes of the moment. A corrupted,
+//! hand-edited or badly converted file breaks them, and a figure computed from broken data can be
+//! wrong without anything failing. Each check here is a pure function of the snapshot and the
+//! device's replay; it yields at most one [`QualityWarning`] per kind, with how often the problem
+//! occurs, the first place it occurs, and the report fields it can make wrong. Clean dumps (every
+//! fixture) yield none.
+//!
+//! Frees of allocations made before the trace window are not a quality problem (the ring buffer
+//! wrapped, or recording started late): the notes and `window.unmatched_frees` cover them.
+
+use rustc_hash::FxHashMap;
+
+use super::replay::{round_size, Curve, DeviceReplay};
+use crate::report::QualityWarning;
+use crate::snapshot::{Action, BlockState, Layout, Segment, Snapshot};
+use crate::units::format_bytes;
+
+/// Sizes above this (256 TiB) exceed any device memory: a corrupt value, or a negative number
+/// written as unsigned. The replay adds them as signed 64-bit numbers.
+pub const MAX_PLAUSIBLE_BYTES: u64 = 1 << 48;
+
+/// Largest extra a block can hold beyond the default rounding of its request when the replay has
+/// to estimate it (an unsplit large-pool remainder, `max_non_split_rounding`): the slack of the
+/// `snapshot` marker check, per live allocation, on top of doubling the estimate.
+const BLOCK_SLACK_BYTES: u64 = 20 << 20;
+
+/// Report fields a kind of problem can make wrong (JSON names, as in docs/json-schema.md).
+const AFFECTS_BLOCK_TOTALS: &[&str] = &[
+    "final.allocated_bytes",
+    "final.active_bytes",
+    "final.requested_bytes",
+    "final.free_internal_bytes",
+    "final.free_external_bytes",
+    "segments",
+    "fragmentation_at_end",
+];
+const AFFECTS_LAYOUT: &[&str] = &[
+    "final.free_external_bytes",
+    "segments",
+    "fragmentation_at_peak",
+    "fragmentation_at_end",
+];
+const AFFECTS_RESERVED: &[&str] = &[
+    "final.reserved_bytes",
+    "peak.reserved_bytes",
+    "peak_reserved",
+    "window.reserved_at_start_bytes",
+    "segments",
+    "fragmentation_at_peak",
+    "fragmentation_at_end",
+];
+const AFFECTS_CURVES: &[&str] = &[
+    "peak.requested_bytes",
+    "peak.allocated_bytes",
+    "peak_allocated",
+    "window.requested_at_start_bytes",
+    "window.allocated_at_start_bytes",
+    "live_at_peak",
+    "held_open",
+    "steps",
+];
+
+fn warning(kind: &str, count: u64, message: String, affects: &[&str]) -> QualityWarning {
+    QualityWarning {
+        kind: kind.to_owned(),
+        count,
+        message,
+        affects: affects.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}
+
+/// Counts occurrences and keeps the description of the first one.
+#[derive(Default)]
+struct Tally {
+    count: u64,
+    first: Option<String>,
+}
+
+impl Tally {
+    fn add(&mut self, describe: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some(describe());
+        }
+    }
+
+    fn first(&self) -> &str {
+        self.first.as_deref().unwrap_or("")
+    }
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {many}")
+    }
+}
+
+/// Every check, for one device, in a stable order.
+pub fn device_quality(
+    snapshot: &Snapshot,
+    device: i64,
+    replay: &DeviceReplay,
+) -> Vec<QualityWarning> {
+    let segments: Vec<&Segment> = snapshot.segments_of(device).collect();
+    let mut out = Vec::new();
+    out.extend(device_out_of_range(snapshot, device, segments.len()));
+    out.extend(implausible_sizes(snapshot, device, &segments));
+    out.extend(duplicate_and_overlapping_segments(&segments));
+    out.extend(blocks_within_segments(&segments));
+    out.extend(segment_sums(&segments));
+    out.extend(unknown_block_states(&segments));
+    out.extend(double_frees(snapshot, device));
+    out.extend(addresses_outside_segments(snapshot, device, &segments));
+    out.extend(negative_levels(replay));
+    out.extend(snapshot_markers(snapshot, device, replay));
+    out
+}
+
+/// Segments of a device that is no CUDA ordinal, or that has no `device_traces` list while
+/// other devices have one.
+fn device_out_of_range(
+    snapshot: &Snapshot,
+    device: i64,
+    segments: usize,
+) -> Option<QualityWarning> {
+    let lists = snapshot.device_traces.len();
+    if device < 0 {
+        return Some(warning(
+            "device_out_of_range",
+            segments as u64,
+            format!(
+                "device {device} is not a CUDA ordinal ({} name it); it has no trace, so its \
+                 peak is the dump's own state",
+                plural(segments as u64, "segment", "segments")
+            ),
+            &["peak", "window"],
+        ));
+    }
+    let beyond = usize::try_from(device).map_or(true, |d| d >= lists);
+    if snapshot.layout == Layout::Dict && lists > 0 && beyond && segments > 0 {
+        return Some(warning(
+            "device_out_of_range",
+            segments as u64,
+            format!(
+                "device {device} owns {} but device_traces has lists for devices 0 to {} only: \
+                 its trace is missing, so its peak is the dump's own state",
+                plural(segments as u64, "segment", "segments"),
+                lists - 1
+            ),
+            &["peak", "window"],
+        ));
+    }
+    None
+}
+
+/// Sizes no device can hold (corrupt, or negative numbers written as unsigned).
+fn implausible_sizes(
+    snapshot: &Snapshot,
+    device: i64,
+    segments: &[&Segment],
+) -> Vec<QualityWarning> {
+    let mut out = Vec::new();
+    let mut dump = Tally::default();
+    for s in segments {
+        if s.total_size > MAX_PLAUSIBLE_BYTES {
+            dump.add(|| format!("segment {:#x} has total_size {}", s.address, s.total_size));
+        }
+        for b in &s.blocks {
+            if b.size > MAX_PLAUSIBLE_BYTES || b.requested_size > MAX_PLAUSIBLE_BYTES {
+                dump.add(|| {
+                    format!(
+                        "block {:#x} of segment {:#x} has size {} and requested_size {}",
+                        b.address, s.address, b.size, b.requested_size
+                    )
+                });
+            }
+        }
+    }
+    if dump.count > 0 {
+        let mut affects = AFFECTS_BLOCK_TOTALS.to_vec();
+        affects.extend(AFFECTS_RESERVED);
+        affects.extend(AFFECTS_CURVES);
+        affects.sort_unstable();
+        affects.dedup();
+        out.push(warning(
+            "implausible_size",
+            dump.count,
+            format!(
+                "{} in the dump larger than {} (any device memory); first: {}",
+                plural(dump.count, "size", "sizes"),
+                format_bytes(MAX_PLAUSIBLE_BYTES),
+                dump.first()
+            ),
+            &affects,
+        ));
+    }
+    let mut traced = Tally::default();
+    for (i, e) in snapshot.trace(device).iter().enumerate() {
+        let sized = !matches!(e.action, Action::Annotate | Action::Other);
+        if sized && e.size > MAX_PLAUSIBLE_BYTES {
+            traced.add(|| format!("event {i} ({}) has size {}", e.action.name(), e.size));
+        }
+    }
+    if traced.count > 0 {
+        let mut affects = AFFECTS_CURVES.to_vec();
+        affects.extend(["peak.reserved_bytes", "peak_reserved", "oom"]);
+        out.push(warning(
+            "implausible_size",
+            traced.count,
+            format!(
+                "{} larger than {} (any device memory); the replay adds sizes as signed \
+                 64-bit numbers, so the curves are meaningless around them; first: {}",
+                plural(
+                    traced.count,
+                    "trace entry has a size",
+                    "trace entries have sizes"
+                ),
+                format_bytes(MAX_PLAUSIBLE_BYTES),
+                traced.first()
+            ),
+            &affects,
+        ));
+    }
+    out
+}
+
+/// Two segment dicts for one address range: the dump's totals count both, the layouts keep one.
+fn duplicate_and_overlapping_segments(segments: &[&Segment]) -> Vec<QualityWarning> {
+    let mut sorted: Vec<&Segment> = segments.to_vec();
+    sorted.sort_by_key(|s| (s.address, s.total_size));
+    let mut duplicates = Tally::default();
+    let mut duplicate_bytes = 0u64;
+    let mut overlaps = Tally::default();
+    let mut reach: Option<(u64, u64)> = None; // (start, end) of the segment reaching furthest
+    for pair in sorted.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.address == b.address {
+            duplicates.add(|| {
+                format!(
+                    "segment {:#x} ({} bytes) is listed twice",
+                    b.address, b.total_size
+                )
+            });
+            duplicate_bytes = duplicate_bytes.saturating_add(b.total_size.min(a.total_size));
+        }
+    }
+    for s in &sorted {
+        if let Some((start, end)) = reach {
+            if s.address != start && s.address < end {
+                overlaps.add(|| {
+                    format!(
+                        "segment {:#x} starts inside segment {:#x}, which ends at {:#x}",
+                        s.address, start, end
+                    )
+                });
+            }
+        }
+        if reach.is_none_or(|(_, end)| s.end() > end) {
+            reach = Some((s.address, s.end()));
+        }
+    }
+    let mut out = Vec::new();
+    if duplicates.count > 0 {
+        out.push(warning(
+            "duplicate_segments",
+            duplicates.count,
+            format!(
+                "{} share the address of another segment ({} counted twice in the dump's \
+                 reserved bytes; the layouts keep one of them); first: {}",
+                plural(duplicates.count, "segment", "segments"),
+                format_bytes(duplicate_bytes),
+                duplicates.first()
+            ),
+            AFFECTS_RESERVED,
+        ));
+    }
+    if overlaps.count > 0 {
+        out.push(warning(
+            "overlapping_segments",
+            overlaps.count,
+            format!(
+                "{} overlap the address range of another segment of the device; first: {}",
+                plural(overlaps.count, "segment", "segments"),
+                overlaps.first()
+            ),
+            AFFECTS_RESERVED,
+        ));
+    }
+    out
+}
+
+/// Blocks must tile their segment: start at its address, follow each other without gap or
+/// overlap, and end at its end.
+fn blocks_within_segments(segments: &[&Segment]) -> Vec<QualityWarning> {
+    let mut overlapping = Tally::default();
+    let mut overlapping_segments = 0u64;
+    let mut untiled = Tally::default();
+    let mut blocks: Vec<(u64, u64)> = Vec::new();
+    for s in segments {
+        if s.blocks.is_empty() {
+            if s.total_size > 0 {
+                untiled.add(|| format!("segment {:#x} has no blocks", s.address));
+            }
+            continue;
+        }
+        blocks.clear();
+        blocks.extend(
+            s.blocks
+                .iter()
+                .map(|b| (b.address, b.address.saturating_add(b.size))),
+        );
+        blocks.sort_unstable();
+        let mut cursor = s.address;
+        let mut gap: Option<String> = None;
+        let mut overlap_here = 0u64;
+        for &(start, end) in &blocks {
+            if start < cursor {
+                overlap_here += 1;
+                if overlapping.first.is_none() {
+                    overlapping.first = Some(format!(
+                        "in segment {:#x}, the block at {start:#x} starts before {cursor:#x}, \
+                         where the previous block (or the segment) begins or ends",
+                        s.address
+                    ));
+                }
+            } else if start > cursor && gap.is_none() {
+                gap = Some(format!(
+                    "segment {:#x}: no block covers {cursor:#x} to {start:#x}",
+                    s.address
+                ));
+            }
+            cursor = cursor.max(end);
+        }
+        let sum: u64 = s.blocks.iter().fold(0u64, |a, b| a.saturating_add(b.size));
+        if gap.is_none() && cursor != s.end() {
+            gap = Some(format!(
+                "segment {:#x} of {} bytes: its blocks end at {cursor:#x}, the segment at {:#x}",
+                s.address,
+                s.total_size,
+                s.end()
+            ));
+        }
+        if gap.is_none() && overlap_here == 0 && sum != s.total_size {
+            gap = Some(format!(
+                "segment {:#x}: its blocks sum to {sum} bytes, its total_size is {}",
+                s.address, s.total_size
+            ));
+        }
+        if overlap_here > 0 {
+            overlapping.count += overlap_here;
+            overlapping_segments += 1;
+        }
+        if let Some(g) = gap {
+            untiled.add(|| g);
+        }
+    }
+    let mut out = Vec::new();
+    if overlapping.count > 0 {
+        out.push(warning(
+            "overlapping_blocks",
+            overlapping.count,
+            format!(
+                "{} overlap another block (or start before their segment) in {}: their bytes \
+                 are counted twice; first: {}",
+                plural(overlapping.count, "block", "blocks"),
+                plural(overlapping_segments, "segment", "segments"),
+                overlapping.first()
+            ),
+            AFFECTS_BLOCK_TOTALS,
+        ));
+    }
+    if untiled.count > 0 {
+        out.push(warning(
+            "blocks_do_not_tile",
+            untiled.count,
+            format!(
+                "in {} the blocks leave bytes uncovered or run past the end, so reserved bytes \
+                 differ from allocated + free; first: {}",
+                plural(untiled.count, "segment", "segments"),
+                untiled.first()
+            ),
+            AFFECTS_LAYOUT,
+        ));
+    }
+    out
+}
+
+/// The segment's own `allocated_size`, `active_size` and `requested_size` against its blocks.
+fn segment_sums(segments: &[&Segment]) -> Option<QualityWarning> {
+    let mut t = Tally::default();
+    for s in segments {
+        let (mut allocated, mut active, mut requested) = (0u64, 0u64, 0u64);
+        for b in &s.blocks {
+            if b.state == BlockState::ActiveAllocated {
+                allocated = allocated.saturating_add(b.size);
+            }
+            if b.state.is_active() {
+                active = active.saturating_add(b.size);
+                requested = requested.saturating_add(b.requested_size);
+            }
+        }
+        let mut wrong = Vec::new();
+        if s.allocated_size != allocated {
+            wrong.push(format!(
+                "allocated_size {} (blocks: {allocated})",
+                s.allocated_size
+            ));
+        }
+        if s.active_size != active {
+            wrong.push(format!("active_size {} (blocks: {active})", s.active_size));
+        }
+        if s.requested_size != requested {
+            wrong.push(format!(
+                "requested_size {} (blocks: {requested})",
+                s.requested_size
+            ));
+        }
+        if !wrong.is_empty() {
+            t.add(|| format!("segment {:#x}: {}", s.address, wrong.join(", ")));
+        }
+    }
+    (t.count > 0).then(|| {
+        warning(
+            "segment_sums_disagree",
+            t.count,
+            format!(
+                "{} state sums that disagree with their blocks; this report uses the blocks \
+                 (`snapscan stats` pool figures use the segment fields); first: {}",
+                plural(t.count, "segment", "segments"),
+                t.first()
+            ),
+            &[],
+        )
+    })
+}
+
+/// Block states this version does not know are counted as free.
+fn unknown_block_states(segments: &[&Segment]) -> Option<QualityWarning> {
+    let mut t = Tally::default();
+    for s in segments {
+        for b in &s.blocks {
+            if b.state == BlockState::Unknown {
+                t.add(|| format!("block {:#x} of segment {:#x}", b.address, s.address));
+            }
+        }
+    }
+    (t.count > 0).then(|| {
+        warning(
+            "unknown_block_state",
+            t.count,
+            format!(
+                "{} an unknown state and {} counted as free; first: {}",
+                plural(t.count, "block has", "blocks have"),
+                if t.count == 1 { "is" } else { "are" },
+                t.first()
+            ),
+            AFFECTS_BLOCK_TOTALS,
+        )
+    })
+}
+
+/// `free_completed` of an address the trace already freed, with no `alloc` in between: the
+/// replay takes each for an allocation made before the window, alive from the start.
+fn double_frees(snapshot: &Snapshot, device: i64) -> Option<QualityWarning> {
+    // Address → freed (true) or allocated (false) by the last event that touched it.
+    let mut last: FxHashMap<u64, bool> = FxHashMap::default();
+    let mut t = Tally::default();
+    let mut bytes = 0u64;
+    for (i, e) in snapshot.trace(device).iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                last.insert(e.addr, false);
+            }
+            // The guard records the free either way; it matches only a repeated free.
+            Action::FreeCompleted if last.insert(e.addr, true) == Some(true) => {
+                t.add(|| format!("event {i} frees {:#x} again", e.addr));
+                bytes = bytes.saturating_add(e.size);
+            }
+            _ => {}
+        }
+    }
+    (t.count > 0).then(|| {
+        warning(
+            "double_free",
+            t.count,
+            format!(
+                "{} an address the trace had already freed (no alloc in between); the replay \
+                 counts each as an allocation made before the window, overstating the start \
+                 level and the curves by up to {}; first: {}",
+                plural(t.count, "free_completed of", "free_completed events of"),
+                format_bytes(bytes),
+                t.first()
+            ),
+            AFFECTS_CURVES,
+        )
+    })
+}
+
+/// Allocations and frees at addresses that lie in no segment the dump or the trace knows.
+fn addresses_outside_segments(
+    snapshot: &Snapshot,
+    device: i64,
+    segments: &[&Segment],
+) -> Option<QualityWarning> {
+    let trace = snapshot.trace(device);
+    let mut ranges: Vec<(u64, u64)> = segments.iter().map(|s| (s.address, s.end())).collect();
+    for e in trace.iter() {
+        if matches!(
+            e.action,
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+        ) {
+            ranges.push((e.addr, e.addr.saturating_add(e.size)));
+        }
+    }
+    if ranges.is_empty() {
+        return None; // nothing to compare with (a trace recorded without segment events)
+    }
+    ranges.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    let inside = |addr: u64| {
+        let i = merged.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < merged[i - 1].1
+    };
+    let mut t = Tally::default();
+    for (i, e) in trace.iter().enumerate() {
+        if matches!(
+            e.action,
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted
+        ) && !inside(e.addr)
+        {
+            t.add(|| format!("event {i} ({}) at {:#x}", e.action.name(), e.addr));
+        }
+    }
+    (t.count > 0).then(|| {
+        warning(
+            "address_outside_segments",
+            t.count,
+            format!(
+                "{} at addresses inside no segment of the dump or the trace; the layouts \
+                 leave them out; first: {}",
+                plural(t.count, "trace entry is", "trace entries are"),
+                t.first()
+            ),
+            &["segments", "fragmentation_at_peak"],
+        )
+    })
+}
+
+fn first_below_zero(curve: &Curve) -> Option<(Option<u32>, i64)> {
+    if curve.start < 0 {
+        return Some((None, curve.start));
+    }
+    curve
+        .levels()
+        .enumerate()
+        .find(|&(_, v)| v < 0)
+        .map(|(i, v)| (Some(i as u32), v))
+}
+
+/// A level below zero: the trace removes more than the dump and the trace ever held.
+fn negative_levels(replay: &DeviceReplay) -> Vec<QualityWarning> {
+    let curves: [(&str, &Curve, &[&str], &str); 3] = [
+        (
+            "requested",
+            &replay.requested,
+            &[
+                "peak.requested_bytes",
+                "window.requested_at_start_bytes",
+                "live_at_peak",
+            ],
+            "frees larger than their allocations",
+        ),
+        (
+            "allocated",
+            &replay.allocated,
+            &[
+                "peak.allocated_bytes",
+                "peak_allocated",
+                "window.allocated_at_start_bytes",
+            ],
+            "frees larger than their allocations",
+        ),
+        (
+            "reserved",
+            &replay.reserved,
+            &[
+                "peak.reserved_bytes",
+                "peak_reserved",
+                "window.reserved_at_start_bytes",
+            ],
+            "segment events that do not add up to the dump's segments (a segment_alloc or \
+             segment_map whose segment is neither in the dump nor freed)",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, curve, affects, cause) in curves {
+        if let Some((at, level)) = first_below_zero(curve) {
+            let count = std::iter::once(curve.start)
+                .chain(curve.levels())
+                .filter(|&v| v < 0)
+                .count() as u64;
+            let when = match at {
+                None => "at window start".to_owned(),
+                Some(e) => format!("after event {e}"),
+            };
+            out.push(warning(
+                "negative_level",
+                count,
+                format!(
+                    "{name} bytes replay to {level} {when} ({}): {cause}",
+                    plural(count, "moment below zero", "moments below zero")
+                ),
+                affects,
+            ));
+        }
+    }
+    out
+}
+
+/// `snapshot` entries record the device's active bytes at that moment; the replay must agree
+/// within what it has to estimate.
+fn snapshot_markers(
+    snapshot: &Snapshot,
+    device: i64,
+    replay: &DeviceReplay,
+) -> Option<QualityWarning> {
+    let trace = snapshot.trace(device);
+    let markers: Vec<(u32, u64)> = trace
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Snapshot)
+        .map(|(i, e)| (i as u32, e.size))
+        .collect();
+    if markers.is_empty() {
+        return None;
+    }
+    // Upper slack: each live estimated block may be larger than its estimate. Summed at the
+    // markers only, from (event, change) pairs of the estimated allocations (no per-event
+    // table: traces run to millions of events).
+    let mut changes: Vec<(u32, i64)> = Vec::new();
+    let mut slack_start = 0i64;
+    for a in replay.allocations.values() {
+        if a.block_bytes_exact {
+            continue;
+        }
+        let slack = round_size(a.requested_bytes)
+            .saturating_add(BLOCK_SLACK_BYTES)
+            .min(i64::MAX as u64 / 4) as i64;
+        match a.alloc_event {
+            Some(ev) => changes.push((ev, slack)),
+            None => slack_start = slack_start.saturating_add(slack),
+        }
+        if let Some(ev) = a.free_event {
+            changes.push((ev, -slack));
+        }
+    }
+    changes.sort_unstable_by_key(|c| c.0);
+    let mut next = changes.iter().peekable();
+    let mut slack = slack_start;
+    // Markers are in event order; the slack after event `ev` includes the changes at `ev`.
+    let slack_at: Vec<i64> = markers
+        .iter()
+        .map(|&(ev, _)| {
+            while let Some(&&(at, d)) = next.peek() {
+                if at > ev {
+                    break;
+                }
+                slack = slack.saturating_add(d);
+                next.next();
+            }
+            slack
+        })
+        .collect();
+    let pending = replay.window.uncounted_pending_bytes.min(i64::MAX as u64) as i64;
+    let mut t = Tally::default();
+    for (&(ev, recorded), &slack) in markers.iter().zip(&slack_at) {
+        let lo = replay.allocated.at(Some(ev));
+        let hi = lo.saturating_add(slack).saturating_add(pending);
+        let recorded_i = recorded.min(i64::MAX as u64) as i64;
+        if recorded_i < lo || recorded_i > hi {
+            t.add(|| {
+                if lo == hi {
+                    format!("event {ev} records {recorded} active bytes, the replay has {lo}")
+                } else {
+                    format!(
+                        "event {ev} records {recorded} active bytes, the replay has {lo} to {hi}"
+                    )
+                }
+            });
+        }
+    }
+    (t.count > 0).then(|| {
+        let mut affects = AFFECTS_CURVES.to_vec();
+        affects.push("oom");
+        warning(
+            "snapshot_marker_mismatch",
+            t.count,
+            format!(
+                "{} the allocator's active bytes at an earlier snapshot, and the replay of the \
+                 trace disagrees: events are missing or altered; first: {}",
+                plural(t.count, "snapshot entry records", "snapshot entries record"),
+                t.first()
+            ),
+            &affects,
+        )
+    })
+}

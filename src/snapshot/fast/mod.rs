@@ -1,0 +1,612 @@
+//! The parallel reader: protocol 4/5 pickles straight to the typed model, on every core, without
+//! building the generic document of the trace.
+//!
+//! 1. `pickle::scan` cuts the input at FRAME boundaries and counts MEMOIZE per chunk.
+//! 2. Each chunk runs in its own machine ([`vm`]): trace entries become compact rows, frames
+//!    lists become stack slots; what needs earlier chunks is handed on as macros.
+//! 3. The stitch runs the macros of all chunks in order: the skeleton (segments, settings, the
+//!    lists that hold the rows) and the few opcodes that cross chunks.
+//! 4. Chunk-local stack slots and strings become interner ids; rows are rewritten in parallel.
+//! 5. The skeleton becomes a small [`Document`] and goes through the ordinary decoder, with the
+//!    compact traces put in place of the device lists.
+//!
+//! Whatever this does not handle returns `None` and the sequential reader runs instead; the
+//! tests check that both give the same snapshot for every fixture.
+
+mod vm;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use rustc_hash::FxHashMap;
+
+use super::decode::decode_parts;
+use super::intern::{Frame, FrameId, Interner, StackId, TextId};
+use super::model::Snapshot;
+use super::trace::{Part, Trace};
+use crate::pickle::scan::{self, End};
+use crate::pickle::{DictId, Document, PickleError, SeqId, Value};
+use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, Slot, Unsupported, Vm, R};
+
+/// Bytes per chunk: small enough to spread over the cores, large enough that little crosses.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Why the parallel reader gives no snapshot.
+pub enum Fail {
+    /// The sequential reader must do it.
+    Unsupported,
+    /// The pickle is cut (and salvage was not asked for).
+    Truncated(PickleError),
+}
+
+impl From<Unsupported> for Fail {
+    fn from(_: Unsupported) -> Fail {
+        Fail::Unsupported
+    }
+}
+
+/// A snapshot, and the truncation when it was salvaged from a cut pickle.
+pub type Loaded = (Snapshot, Option<PickleError>);
+
+/// Reads a snapshot with the parallel reader. `release(start, end)` is called for byte ranges
+/// read for now (see `InputBytes::release`). With `salvage`, a cut pickle gives what is
+/// complete (as `pickle::parse_salvage` keeps it).
+pub fn load(
+    data: &[u8],
+    release: &(dyn Fn(usize, usize) + Sync),
+    salvage: bool,
+) -> Result<Loaded, Fail> {
+    load_inner(data, release, CHUNK_BYTES, salvage)
+}
+
+/// [`load`] with chunks of about `chunk_bytes` (tests use one frame per chunk, so that every
+/// structure crosses chunks).
+pub fn load_chunked(data: &[u8], chunk_bytes: usize, salvage: bool) -> Result<Loaded, Fail> {
+    load_inner(data, &|_, _| {}, chunk_bytes.max(1), salvage)
+}
+
+/// Phase timings on stderr when `SNAPSCAN_TIMING` is set (for the benchmarks).
+pub(crate) struct Timer {
+    on: bool,
+    last: std::time::Instant,
+}
+
+impl Timer {
+    pub(crate) fn new() -> Timer {
+        Timer {
+            on: std::env::var_os("SNAPSCAN_TIMING").is_some(),
+            last: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn lap(&mut self, what: &str) {
+        if self.on {
+            let now = std::time::Instant::now();
+            // Resident memory now and at its peak (Linux).
+            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+            let field = |name: &str| {
+                status
+                    .lines()
+                    .find(|l| l.starts_with(name))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            eprintln!(
+                "timing: {what}: {:.1} ms (rss {} kB, peak {} kB)",
+                (now - self.last).as_secs_f64() * 1e3,
+                field("VmRSS:"),
+                field("VmHWM:")
+            );
+            self.last = now;
+        }
+    }
+}
+
+fn load_inner(
+    data: &[u8],
+    release: &(dyn Fn(usize, usize) + Sync),
+    chunk_bytes: usize,
+    salvage: bool,
+) -> Result<Loaded, Fail> {
+    let mut t = Timer::new();
+    let s = scan::scan(data, chunk_bytes, release).ok_or(Unsupported)?;
+    t.lap("scan");
+    let cut = match s.end {
+        End::Stop(_) => None,
+        End::Truncated(at) => Some(at),
+    };
+    let ctx = Ctx::new(data, s.chunks, release);
+    let outs: Vec<ChunkOut<'_>> = (0..ctx.chunks.len())
+        .into_par_iter()
+        .map(|k| {
+            let out = vm::run_chunk(&ctx, k);
+            release(ctx.chunks[k].start, ctx.chunks[k].end);
+            out
+        })
+        .collect::<R<Vec<_>>>()?;
+    if t.on {
+        let parts: usize = outs.iter().map(|o| o.part.heap_bytes()).sum();
+        let rows: usize = outs.iter().map(|o| o.part.len()).sum();
+        let lists: usize = outs.iter().map(|o| o.memo_lists.len()).sum();
+        let slots: usize = outs.iter().map(|o| o.slots.len()).sum();
+        let frames: usize = outs.iter().map(|o| o.frames.len()).sum();
+        let strs: usize = outs.iter().map(|o| o.a.strs.len()).sum();
+        let macros: usize = outs.iter().map(|o| o.macros.len()).sum();
+        eprintln!(
+            "chunks: {} rows, parts {} MB, {lists} lists, {slots} slots, {frames} frames, \
+             {strs} strings, {macros} macros",
+            rows,
+            parts >> 20
+        );
+    }
+    t.lap("chunks");
+    let mut stitch = Vm::stitch(&ctx);
+    let mut truncation = None;
+    let root = match (run_stitch(&mut stitch, &outs, release)?, cut) {
+        (Some(root), None) => root,
+        (None, Some(at)) => {
+            // The same error the sequential reader gives for this cut.
+            let err = PickleError::Truncated {
+                offset: at as u64,
+                len: data.len() as u64,
+                needed: 1,
+                inside: stitch.inside(),
+            };
+            if !salvage {
+                return Err(Fail::Truncated(err));
+            }
+            truncation = Some(err);
+            stitch.close_for_salvage()?
+        }
+        _ => return Err(Fail::Unsupported),
+    };
+    t.lap("stitch");
+    let s = finish(&ctx, outs, stitch, root, &mut t)?;
+    t.lap("decode");
+    Ok((s, truncation))
+}
+
+/// Runs every chunk's macros in order. Returns the root once STOP ran.
+fn run_stitch<'a>(
+    vm: &mut Vm<'a, '_>,
+    outs: &[ChunkOut<'a>],
+    release: &(dyn Fn(usize, usize) + Sync),
+) -> R<Option<LVal>> {
+    for (k, out) in outs.iter().enumerate() {
+        if k > 0 {
+            // The opcodes run here read the chunk's pages again.
+            let c = &vm.ctx.chunks[k - 1];
+            release(c.start, c.end);
+        }
+        let mut copier = Copier::new(&out.a, false);
+        for m in &out.macros {
+            match *m {
+                Macro::Push(v) => {
+                    let smemo = &mut vm.smemo;
+                    let v = copier.copy(
+                        &mut vm.a,
+                        v,
+                        &mut |g, val| {
+                            smemo.insert(g, val);
+                        },
+                        0,
+                    )?;
+                    vm.stack.push(v);
+                }
+                Macro::Mark => vm.marks.push(vm.stack.len()),
+                Macro::Raw { pos, memo } => {
+                    if let Some(root) = vm.exec_at(pos, memo)? {
+                        return Ok(Some(root));
+                    }
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Ids of one source (a chunk or the stitch) in the interner.
+#[derive(Default)]
+struct SourceIds {
+    texts: Vec<u32>,
+    stacks: Vec<u32>,
+}
+
+const UNSET: u32 = u32::MAX;
+
+/// Turns chunk-local slots and strings into interner ids.
+struct Resolver<'x, 'a, 'c> {
+    ctx: &'x Ctx<'a>,
+    outs: &'x [ChunkOut<'a>],
+    stitch: &'x mut Vm<'a, 'c>,
+    interner: Interner,
+    ids: Vec<SourceIds>,
+    frame_by_memo: FxHashMap<u32, FrameId>,
+    list_by_memo: FxHashMap<u32, StackId>,
+}
+
+impl<'a> Resolver<'_, 'a, '_> {
+    fn stitch_src(&self) -> usize {
+        self.outs.len()
+    }
+
+    fn strs(&self, src: usize) -> &[&'a str] {
+        if src == self.stitch_src() {
+            &self.stitch.a.strs
+        } else {
+            &self.outs[src].a.strs
+        }
+    }
+
+    fn text(&mut self, src: usize, i: u32) -> R<TextId> {
+        let ids = &mut self.ids[src].texts;
+        if ids.len() <= i as usize {
+            ids.resize(i as usize + 1, UNSET);
+        }
+        let cached = ids[i as usize];
+        if cached != UNSET {
+            return Ok(TextId(cached));
+        }
+        let s = *self.strs(src).get(i as usize).ok_or(Unsupported)?;
+        let id = self.interner.text(s);
+        self.ids[src].texts[i as usize] = id.0;
+        Ok(id)
+    }
+
+    fn slot(&self, src: usize, slot: u32) -> R<Slot> {
+        let slots = if src == self.stitch_src() {
+            &self.stitch.slots
+        } else {
+            &self.outs[src].slots
+        };
+        slots.get(slot as usize).cloned().ok_or(Unsupported)
+    }
+
+    fn stack(&mut self, src: usize, slot: u32) -> R<StackId> {
+        if let Some(&id) = self.ids[src].stacks.get(slot as usize) {
+            if id != UNSET {
+                return Ok(StackId(id));
+            }
+        }
+        let id = match self.slot(src, slot)? {
+            Slot::Content(refs) => {
+                let mut frames = Vec::with_capacity(refs.len());
+                for &g in refs.iter() {
+                    frames.push(self.frame(src, g)?);
+                }
+                self.interner.stack(frames)
+            }
+            Slot::ExtList(g) => self.memo_list(g, 0)?,
+        };
+        let stacks = &mut self.ids[src].stacks;
+        if stacks.len() <= slot as usize {
+            stacks.resize(slot as usize + 1, UNSET);
+        }
+        stacks[slot as usize] = id.0;
+        Ok(id)
+    }
+
+    /// The stack of the frames list stored under memo index `g`.
+    fn memo_list(&mut self, g: u32, depth: usize) -> R<StackId> {
+        if let Some(&id) = self.list_by_memo.get(&g) {
+            return Ok(id);
+        }
+        if depth > 8 {
+            return Err(Unsupported);
+        }
+        let id = match self.stitch.smemo.get(&g).copied() {
+            Some(LVal::Ext(h)) if h != g => self.memo_list(h, depth + 1)?,
+            Some(v @ (LVal::List(_) | LVal::Tuple(_))) => {
+                let slot = self.stitch.stack_slot(Some(v))?;
+                let src = self.stitch_src();
+                self.stack(src, slot)?
+            }
+            Some(_) => return Err(Unsupported),
+            None => {
+                let j = self.ctx.chunk_of_memo(g).ok_or(Unsupported)?;
+                let out = &self.outs[j];
+                let slot = match out.memo_lists.binary_search_by_key(&g, |(m, _)| *m) {
+                    Ok(k) => out.memo_lists[k].1,
+                    Err(_) => {
+                        let i = (g - self.ctx.chunks[j].memo_base) as usize;
+                        let word = out.empty_lists.get(i / 64).copied().unwrap_or(0);
+                        if word & (1 << (i % 64)) == 0 {
+                            return Err(Unsupported);
+                        }
+                        0
+                    }
+                };
+                self.stack(j, slot)?
+            }
+        };
+        self.list_by_memo.insert(g, id);
+        Ok(id)
+    }
+
+    /// The frame dict stored under memo index `g`, as seen from source `src`.
+    fn frame(&mut self, src: usize, g: u32) -> R<FrameId> {
+        if let Some(&id) = self.frame_by_memo.get(&g) {
+            return Ok(id);
+        }
+        let (owner, fc) = self.find_frame(src, g, 0)?;
+        let frame = Frame {
+            name: self.text(owner, fc.name)?,
+            filename: self.text(owner, fc.filename)?,
+            line: fc.line,
+        };
+        let id = self.interner.frame(frame);
+        self.frame_by_memo.insert(g, id);
+        Ok(id)
+    }
+
+    fn find_frame(&mut self, src: usize, g: u32, depth: usize) -> R<(usize, FrameC)> {
+        let stitch = self.stitch_src();
+        if src != stitch {
+            if let Ok(k) = self.outs[src].frames.binary_search_by_key(&g, |(m, _)| *m) {
+                return Ok((src, self.outs[src].frames[k].1));
+            }
+        }
+        if let Some(fc) = self.stitch.frames.get(&g) {
+            return Ok((stitch, *fc));
+        }
+        if depth > 8 {
+            return Err(Unsupported);
+        }
+        match self.stitch.smemo.get(&g).copied() {
+            Some(LVal::Dict(d)) => {
+                let fc = self.stitch.capture_frame(d)?;
+                self.stitch.frames.insert(g, fc);
+                Ok((stitch, fc))
+            }
+            Some(LVal::Ext(h)) if h != g => self.find_frame(src, h, depth + 1),
+            Some(_) => Err(Unsupported),
+            None => {
+                let j = self.ctx.chunk_of_memo(g).ok_or(Unsupported)?;
+                let frames = &self.outs[j].frames;
+                let k = frames
+                    .binary_search_by_key(&g, |(m, _)| *m)
+                    .map_err(|_| Unsupported)?;
+                Ok((j, frames[k].1))
+            }
+        }
+    }
+
+    /// Resolves every slot and metadata text of source `src`.
+    fn source(&mut self, src: usize) -> R<()> {
+        let n = if src == self.stitch_src() {
+            self.stitch.slots.len()
+        } else {
+            self.outs[src].slots.len()
+        };
+        for slot in 0..n as u32 {
+            self.stack(src, slot)?;
+        }
+        let metas = if src == self.stitch_src() {
+            self.stitch.part.metas.clone()
+        } else {
+            self.outs[src].part.metas.clone()
+        };
+        for m in metas {
+            for t in [m.action_text, m.user_metadata, m.compile_context]
+                .into_iter()
+                .flatten()
+            {
+                self.text(src, t.0)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn remap(part: &mut Part, ids: &SourceIds) -> R<()> {
+    let ok = part.rows.iter().all(|r| {
+        ids.stacks
+            .get(r.stack as usize)
+            .is_some_and(|&s| s != UNSET)
+    });
+    if !ok {
+        return Err(Unsupported);
+    }
+    part.remap(
+        |s| ids.stacks[s as usize],
+        |t| TextId(ids.texts.get(t.0 as usize).copied().unwrap_or(0)),
+    );
+    Ok(())
+}
+
+/// Resolution, the skeleton document and the decoder.
+fn finish<'a>(
+    ctx: &Ctx<'a>,
+    mut outs: Vec<ChunkOut<'a>>,
+    mut stitch: Vm<'a, '_>,
+    root: LVal,
+    t: &mut Timer,
+) -> R<Snapshot> {
+    let sources = outs.len() + 1;
+    let mut r = Resolver {
+        ctx,
+        outs: &outs,
+        stitch: &mut stitch,
+        interner: Interner::default(),
+        ids: (0..sources).map(|_| SourceIds::default()).collect(),
+        frame_by_memo: FxHashMap::default(),
+        list_by_memo: FxHashMap::default(),
+    };
+    for src in 0..sources {
+        r.source(src)?;
+    }
+    let Resolver { interner, ids, .. } = r;
+    t.lap("resolve");
+
+    // Rewrite the rows in parallel, then share the parts.
+    let mut stitch_part = std::mem::take(&mut stitch.part);
+    stitch_part.seal();
+    remap(&mut stitch_part, &ids[sources - 1])?;
+    let mut parts: Vec<Part> = outs
+        .iter_mut()
+        .map(|o| std::mem::take(&mut o.part))
+        .collect();
+    parts
+        .par_iter_mut()
+        .zip(ids.par_iter())
+        .map(|(p, i)| remap(p, i))
+        .collect::<R<Vec<()>>>()?;
+    parts.push(stitch_part);
+    let parts: Vec<Arc<Part>> = parts.into_iter().map(Arc::new).collect();
+    drop(outs);
+    t.lap("remap");
+
+    let mut conv = ToDoc {
+        ctx,
+        vm: &stitch,
+        parts: &parts,
+        doc: Document::default(),
+        lists: FxHashMap::default(),
+        dicts: FxHashMap::default(),
+        tuples: FxHashMap::default(),
+        traces: FxHashMap::default(),
+    };
+    let root = conv.value(root, 0)?;
+    let mut doc = conv.doc;
+    let traces = conv.traces;
+    doc.root = Some(root);
+    let mut used: Vec<SeqId> = Vec::new();
+    let snapshot = decode_parts(&doc, interner, &mut |seq| {
+        let t = traces.get(&seq).cloned();
+        if t.is_some() {
+            used.push(seq);
+        }
+        t
+    })
+    .map_err(|_| Unsupported)?;
+    // Rows must have ended up exactly in the device lists.
+    if traces.keys().any(|k| !used.contains(k)) {
+        return Err(Unsupported);
+    }
+    Ok(snapshot)
+}
+
+/// The stitch's containers as a [`Document`]; lists of rows become [`Trace`]s.
+struct ToDoc<'x, 'a, 'c> {
+    ctx: &'x Ctx<'a>,
+    vm: &'x Vm<'a, 'c>,
+    parts: &'x [Arc<Part>],
+    doc: Document,
+    lists: FxHashMap<u32, SeqId>,
+    dicts: FxHashMap<u32, DictId>,
+    tuples: FxHashMap<u32, SeqId>,
+    traces: FxHashMap<SeqId, Trace>,
+}
+
+const MAX_DEPTH: usize = 256;
+
+impl ToDoc<'_, '_, '_> {
+    fn new_seq(&mut self) -> R<SeqId> {
+        let id = u32::try_from(self.doc.seqs.len()).map_err(|_| Unsupported)?;
+        self.doc.seqs.push(Vec::new());
+        Ok(SeqId(id))
+    }
+
+    fn value(&mut self, v: LVal, depth: usize) -> R<Value> {
+        if depth > MAX_DEPTH {
+            return Err(Unsupported);
+        }
+        let a = &self.vm.a;
+        Ok(match v {
+            LVal::None => Value::None,
+            LVal::Bool(b) => Value::Bool(b),
+            LVal::Int(i) => Value::Int(i),
+            LVal::Big(i) => {
+                let b = *a.bigs.get(i as usize).ok_or(Unsupported)?;
+                self.doc.big_ints.push(b);
+                Value::BigInt(self.doc.big_ints.len() as u32 - 1)
+            }
+            LVal::Float(f) => Value::Float(f),
+            LVal::Str(i) => {
+                let s = *a.strs.get(i as usize).ok_or(Unsupported)?;
+                Value::Str(self.doc.strings.intern(s))
+            }
+            LVal::Ext(g) => match self.vm.smemo.get(&g).copied() {
+                Some(LVal::Ext(h)) if h == g => return Err(Unsupported),
+                Some(inner) => self.value(inner, depth + 1)?,
+                None => match self.ctx.resolve(g) {
+                    Resolved::Str(s) => Value::Str(self.doc.strings.intern(s)),
+                    Resolved::Int(i) => Value::Int(i),
+                    Resolved::Big(b) => {
+                        self.doc.big_ints.push(b);
+                        Value::BigInt(self.doc.big_ints.len() as u32 - 1)
+                    }
+                    Resolved::Float(f) => Value::Float(f),
+                    Resolved::None => Value::None,
+                    Resolved::Bool(b) => Value::Bool(b),
+                    // A container consumed inside its chunk (a frames list or a record).
+                    Resolved::Container | Resolved::Unknown => return Err(Unsupported),
+                },
+            },
+            LVal::List(l) => {
+                if let Some(&id) = self.lists.get(&l) {
+                    return Ok(Value::List(id));
+                }
+                let id = self.new_seq()?;
+                self.lists.insert(l, id);
+                let items: Vec<LVal> = self.vm.a.list_items(l).to_vec();
+                if items.iter().any(|v| matches!(v, LVal::Recs { .. })) {
+                    let mut trace = Trace::new();
+                    for v in items {
+                        let LVal::Recs { src, start, len } = v else {
+                            return Err(Unsupported);
+                        };
+                        let part = self.parts.get(src as usize).ok_or(Unsupported)?;
+                        let range = start as usize..start as usize + len as usize;
+                        if range.end > part.len() {
+                            return Err(Unsupported);
+                        }
+                        trace.push_slice(part.clone(), range);
+                    }
+                    self.traces.insert(id, trace);
+                } else {
+                    let mut out = Vec::with_capacity(items.len());
+                    for v in items {
+                        out.push(self.value(v, depth + 1)?);
+                    }
+                    self.doc.seqs[id.0 as usize] = out;
+                }
+                Value::List(id)
+            }
+            LVal::Tuple(t) => {
+                if let Some(&id) = self.tuples.get(&t) {
+                    return Ok(Value::Tuple(id));
+                }
+                let id = self.new_seq()?;
+                self.tuples.insert(t, id);
+                let items: Vec<LVal> = self.vm.a.tuple_items(t).to_vec();
+                let mut out = Vec::with_capacity(items.len());
+                for v in items {
+                    out.push(self.value(v, depth + 1)?);
+                }
+                self.doc.seqs[id.0 as usize] = out;
+                Value::Tuple(id)
+            }
+            LVal::Dict(d) => {
+                if let Some(&id) = self.dicts.get(&d) {
+                    return Ok(Value::Dict(id));
+                }
+                if self.vm.a.dict_is_record(d) {
+                    return Err(Unsupported);
+                }
+                let id = DictId(u32::try_from(self.doc.dicts.len()).map_err(|_| Unsupported)?);
+                self.doc.dicts.push(Vec::new());
+                self.dicts.insert(d, id);
+                let items: Vec<(LVal, LVal)> = self.vm.a.dict_items(d).to_vec();
+                let mut out = Vec::with_capacity(items.len());
+                for (k, v) in items {
+                    out.push((self.value(k, depth + 1)?, self.value(v, depth + 1)?));
+                }
+                self.doc.dicts[id.0 as usize] = out;
+                Value::Dict(id)
+            }
+            LVal::Rec { .. } | LVal::Recs { .. } => return Err(Unsupported),
+        })
+    }
+}

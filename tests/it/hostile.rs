@@ -1,0 +1,1269 @@
+//! Hostile, malformed and inconsistent inputs.
+//!
+//! 1. Inputs built to hurt a reader run through the CLI under limits: each must exit 2 with a
+//!    message that names the problem (and the byte offset where the input has one) using less
+//!    than 2 s of CPU time (the child's own, from `wait4`, so a busy machine does not fail the
+//!    test) within an address-space rlimit of 256 MiB (which bounds the resident memory too; a
+//!    child that needs more dies on its first failed allocation). Inputs are built here, none is
+//!    committed.
+//! 2. Regressions found by fuzzing (fuzz/README.md), minimized inputs under tests/regressions/.
+//! 3. Data quality: small hand-made JSON snapshots, one per warning of `analysis::quality`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value as Json};
+use snapscan::analysis::report::{file_report, ReportOptions};
+use snapscan::report::{FileReport, QualityWarning};
+use snapscan::snapshot::{self, LoadedSnapshot};
+
+use crate::common;
+
+// ---------------------------------------------------------------------------------------------
+// Running the binary under limits.
+
+const MAX_CPU: Duration = Duration::from_secs(2);
+/// Address-space limit of the child. (Peak RSS from `wait4` is no measure here: a forked child
+/// inherits the high-water mark of the test process, which other tests make large.)
+const MAX_ADDRESS_SPACE: u64 = 256 << 20;
+/// A child still running after this is killed (a hang).
+const WALL_LIMIT: Duration = Duration::from_secs(20);
+
+#[derive(Debug)]
+struct Run {
+    /// Exit status; `None` when a signal ended the child.
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    cpu: Duration,
+    wall: Duration,
+}
+
+fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("snapscan-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Writes `bytes` to a scratch file named `name`.
+fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = scratch_dir().join(name);
+    std::fs::write(&path, bytes).expect("write scratch file");
+    path
+}
+
+#[cfg(unix)]
+fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
+    use std::os::unix::process::CommandExt;
+
+    let dir = scratch_dir();
+    let tag = format!("{:?}", std::thread::current().id())
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect::<String>();
+    let out_path = dir.join(format!("stdout-{tag}"));
+    let err_path = dir.join(format!("stderr-{tag}"));
+    let out = std::fs::File::create(&out_path).expect("stdout file");
+    let err = std::fs::File::create(&err_path).expect("stderr file");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"));
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Few threads and one malloc arena (glibc reserves 64 MiB of address space per extra
+        // arena): the address-space limit then measures the data.
+        .env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "1");
+    // SAFETY: only async-signal-safe calls (setrlimit) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = |resource, value: libc::rlim_t| {
+                let l = libc::rlimit {
+                    rlim_cur: value,
+                    rlim_max: value,
+                };
+                if libc::setrlimit(resource, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            };
+            limit(libc::RLIMIT_AS, MAX_ADDRESS_SPACE as libc::rlim_t)?;
+            limit(libc::RLIMIT_CPU, 30)?;
+            limit(libc::RLIMIT_CORE, 0)?;
+            Ok(())
+        });
+    }
+    let start = Instant::now();
+    let child = cmd.spawn().expect("spawn snapscan");
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data; wait4 fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waiting for our own child; pointers are valid for the call.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r == pid {
+            break;
+        }
+        assert!(r == 0, "wait4 failed: {}", std::io::Error::last_os_error());
+        if start.elapsed() > WALL_LIMIT {
+            // SAFETY: signalling and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::wait4(pid, &mut status, 0, &mut usage);
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let wall = start.elapsed();
+    drop(child); // already reaped above
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    let (code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (None, None)
+    };
+    let read =
+        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    let run = Run {
+        code,
+        signal,
+        stdout: read(&out_path),
+        stderr: read(&err_path),
+        cpu: tv(usage.ru_utime) + tv(usage.ru_stime),
+        wall,
+    };
+    let _ = std::fs::remove_file(out_path);
+    let _ = std::fs::remove_file(err_path);
+    run
+}
+
+#[cfg(not(unix))]
+fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
+    let start = Instant::now();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+        .args(args)
+        .output()
+        .expect("spawn snapscan");
+    let wall = start.elapsed();
+    Run {
+        code: out.status.code(),
+        signal: None,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        cpu: wall,
+        wall,
+    }
+}
+
+/// `snapscan report FILE` on `bytes`, which must fail with exit 2, within the limits, with every
+/// `needle` in the message.
+fn expect_error(name: &str, bytes: &[u8], needles: &[&str]) -> Run {
+    let path = scratch_file(name, bytes);
+    let run = run_limited(&["report".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    check_error(name, &run, needles);
+    run
+}
+
+fn check_error(name: &str, run: &Run, needles: &[&str]) {
+    let summary = format!(
+        "{name}: exit {:?} (signal {:?}), {:.2} s CPU, {:.2} s wall; stderr: {}",
+        run.code,
+        run.signal,
+        run.cpu.as_secs_f64(),
+        run.wall.as_secs_f64(),
+        run.stderr.chars().take(600).collect::<String>()
+    );
+    assert!(run.wall < WALL_LIMIT, "hang: {summary}");
+    assert!(
+        !run.stderr.contains("memory allocation of"),
+        "needs more than {} MiB: {summary}",
+        MAX_ADDRESS_SPACE >> 20
+    );
+    assert_eq!(run.code, Some(2), "{summary}");
+    assert!(run.cpu < MAX_CPU, "too slow: {summary}");
+    assert!(
+        run.stderr.starts_with("snapscan: error: "),
+        "no error line: {summary}"
+    );
+    assert!(
+        run.stderr.contains(name),
+        "the message must name the file: {summary}"
+    );
+    for n in needles {
+        assert!(run.stderr.contains(n), "missing {n:?}: {summary}");
+    }
+    assert!(!run.stderr.contains("panicked"), "panic: {summary}");
+    assert!(run.stdout.is_empty(), "no report on error: {summary}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building pickles by hand.
+
+const PROTO4: &[u8] = &[0x80, 0x04];
+const MEMOIZE: u8 = 0x94;
+
+fn text(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len() + 5);
+    if b.len() < 256 {
+        out.push(0x8c); // SHORT_BINUNICODE
+        out.push(b.len() as u8);
+    } else {
+        out.push(b'X'); // BINUNICODE
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    }
+    out.extend_from_slice(b);
+    out
+}
+
+fn int(v: i32) -> Vec<u8> {
+    let mut out = vec![b'J'];
+    out.extend_from_slice(&v.to_le_bytes());
+    out
+}
+
+/// LONG_BINGET of memo slot `i`.
+fn get(i: u32) -> Vec<u8> {
+    let mut out = vec![b'j'];
+    out.extend_from_slice(&i.to_le_bytes());
+    out
+}
+
+fn repeat(piece: &[u8], n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(piece.len() * n);
+    for _ in 0..n {
+        out.extend_from_slice(piece);
+    }
+    out
+}
+
+/// `{k: v, …}` from pickled keys and values (EMPTY_DICT, MARK, …, SETITEMS).
+fn dict(items: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut out = vec![b'}', b'('];
+    for (k, v) in items {
+        out.extend(text(k));
+        out.extend_from_slice(v);
+    }
+    out.push(b'u');
+    out
+}
+
+/// `[…]` from pickled items (EMPTY_LIST, MARK, …, APPENDS).
+fn list(items: &[u8]) -> Vec<u8> {
+    let mut out = vec![b']', b'('];
+    out.extend_from_slice(items);
+    out.push(b'e');
+    out
+}
+
+fn cat(parts: &[&[u8]]) -> Vec<u8> {
+    parts.concat()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Code-executing opcodes.
+
+/// `os.system(command)` as pickle.dumps writes it with protocol 4 (STACK_GLOBAL + REDUCE).
+fn os_system_protocol4(command: &str) -> Vec<u8> {
+    cat(&[
+        PROTO4,
+        &text("os"),
+        &text("system"),
+        &[0x93], // STACK_GLOBAL
+        &text(command),
+        &[0x85, b'R', b'.'], // TUPLE1, REDUCE, STOP
+    ])
+}
+
+#[test]
+fn os_system_via_stack_global_and_reduce_is_refused_and_runs_nothing() {
+    let marker = scratch_dir().join("pwned-stack-global");
+    let _ = std::fs::remove_file(&marker);
+    let data = os_system_protocol4(&format!("touch {}", marker.display()));
+    expect_error(
+        "stack-global.pickle",
+        &data,
+        &["refusing opcode STACK_GLOBAL at byte 14", "only plain data"],
+    );
+    assert!(!marker.exists(), "the pickle's command ran");
+}
+
+#[test]
+fn os_system_via_global_and_reduce_is_refused_and_runs_nothing() {
+    let marker = scratch_dir().join("pwned-global");
+    let _ = std::fs::remove_file(&marker);
+    // Protocol 2: GLOBAL 'os system', then the argument tuple and REDUCE.
+    let mut data = b"\x80\x02cos\nsystem\n".to_vec();
+    data.extend(text(&format!("touch {}", marker.display())));
+    data.extend_from_slice(b"\x85R.");
+    expect_error(
+        "global.pickle",
+        &data,
+        &["refusing opcode GLOBAL at byte 2", "only plain data"],
+    );
+    // Protocol 0 has no header: refused before any opcode runs, naming the first byte.
+    let legacy = format!("cos\nsystem\n(S'touch {}'\ntR.", marker.display());
+    expect_error(
+        "global-protocol0.pickle",
+        legacy.as_bytes(),
+        &["not a memory snapshot", "first byte 0x63"],
+    );
+    assert!(!marker.exists(), "the pickle's command ran");
+}
+
+#[test]
+fn every_code_executing_opcode_is_refused_with_its_offset() {
+    use snapscan::pickle::opcodes as op;
+    let refused = [
+        (op::GLOBAL, "GLOBAL"),
+        (op::STACK_GLOBAL, "STACK_GLOBAL"),
+        (op::REDUCE, "REDUCE"),
+        (op::BUILD, "BUILD"),
+        (op::INST, "INST"),
+        (op::OBJ, "OBJ"),
+        (op::NEWOBJ, "NEWOBJ"),
+        (op::NEWOBJ_EX, "NEWOBJ_EX"),
+        (op::EXT1, "EXT1"),
+        (op::EXT2, "EXT2"),
+        (op::EXT4, "EXT4"),
+        (op::PERSID, "PERSID"),
+        (op::BINPERSID, "BINPERSID"),
+        (op::NEXT_BUFFER, "NEXT_BUFFER"),
+        (op::READONLY_BUFFER, "READONLY_BUFFER"),
+    ];
+    for (code, name) in refused {
+        // A plausible prefix (an empty dict and a string), then the opcode at byte 6.
+        let mut data = cat(&[PROTO4, b"}", &text("x")]);
+        data.push(code);
+        data.extend_from_slice(b"\0\0\0\0\0\0\0\0.");
+        let err = snapshot::load_bytes("evil", &data)
+            .expect_err(name)
+            .to_string();
+        assert!(
+            err.contains(&format!("refusing opcode {name} at byte 6")),
+            "{name}: {err}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Memo bombs: one object memoized and referenced millions of times. The reader must keep
+// references (16 bytes each), and whatever builds on the document must not copy the object once
+// per reference.
+
+/// The reader shares the list (16 bytes per reference). Found by this test (fixed): the decoder
+/// reserved a `Segment` (112 bytes) per item of `segments` before looking at the first one, so
+/// 8 MB of input asked for 448 MB at once.
+#[test]
+fn memo_bomb_list_referenced_four_million_times_is_shared() {
+    // {"segments": [L, L, …]} with L = [] memoized once: 8 MB of BINGETs.
+    let data = cat(&[
+        PROTO4,
+        b"]",
+        &[MEMOIZE],
+        b"0", // POP: L stays in the memo only
+        &dict(&[("segments", list(&repeat(&[b'h', 0], 4_000_000)))]),
+        b".",
+    ]);
+    expect_error(
+        "memo-list.pickle",
+        &data,
+        &["segments[0]: expected dict, found list"],
+    );
+}
+
+/// A block dict (memo 0), a list of 1000 references to it (memo 1), a segment dict holding that
+/// list (memo 2).
+fn shared_segment_prefix() -> Vec<u8> {
+    let block = dict(&[
+        ("size", int(512)),
+        ("requested_size", int(512)),
+        ("state", text("active_allocated")),
+    ]);
+    let mut out = PROTO4.to_vec();
+    // EMPTY_DICT MEMOIZE, then fill it: memo 0 is the block dict.
+    out.extend_from_slice(&block[..1]);
+    out.push(MEMOIZE);
+    out.extend_from_slice(&block[1..]);
+    out.push(b'0');
+    out.extend_from_slice(b"]");
+    out.push(MEMOIZE);
+    out.extend(list(&repeat(&get(0), 1000))[1..].iter().copied());
+    out.push(b'0');
+    let segment = dict(&[
+        ("device", int(0)),
+        ("address", int(0)),
+        ("total_size", int(512_000)),
+        ("blocks", get(1)),
+    ]);
+    out.extend_from_slice(&segment[..1]);
+    out.push(MEMOIZE);
+    out.extend_from_slice(&segment[1..]);
+    out.push(b'0');
+    out
+}
+
+/// Found by these tests: the decoder copies a segment (and its 1000 blocks) once per reference,
+/// so 5 MB of input asks for 10^9 blocks (out of memory). See the report of this work.
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn memo_bomb_segment_referenced_a_million_times() {
+    let data = cat(&[
+        &shared_segment_prefix(),
+        &dict(&[
+            ("segments", list(&repeat(&get(2), 1_000_000))),
+            ("device_traces", b"]".to_vec()),
+        ]),
+        b".",
+    ]);
+    expect_error("memo-segment.pickle", &data, &["segments"]);
+}
+
+/// One trace-entry dict (memo 0).
+fn shared_entry_prefix() -> Vec<u8> {
+    let entry = dict(&[
+        ("action", text("alloc")),
+        ("addr", int(4096)),
+        ("size", int(512)),
+    ]);
+    let mut out = PROTO4.to_vec();
+    out.extend_from_slice(&entry[..1]);
+    out.push(MEMOIZE);
+    out.extend_from_slice(&entry[1..]);
+    out.push(b'0');
+    out
+}
+
+/// Found by these tests: one trace list of 200,000 entries shared by 1000 devices is decoded
+/// 1000 times (2 × 10^8 entries from 1 MB: out of time and memory).
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn memo_bomb_trace_list_shared_by_a_thousand_devices() {
+    let mut traces = b"]".to_vec();
+    traces.push(MEMOIZE); // memo 1: the shared trace list
+    traces.extend(list(&repeat(&get(0), 200_000))[1..].iter().copied());
+    let data = cat(&[
+        &shared_entry_prefix(),
+        &dict(&[
+            ("segments", b"]".to_vec()),
+            (
+                "device_traces",
+                list(&cat(&[&traces, &repeat(&get(1), 999)])),
+            ),
+        ]),
+        b".",
+    ]);
+    expect_error("memo-traces.pickle", &data, &["device_traces"]);
+}
+
+/// Found by these tests: one entry dict referenced 2 million times becomes 2 million entries
+/// (exit 0 with a report, about 260 MB): references must be counted, not copied.
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn memo_bomb_trace_entry_referenced_two_million_times() {
+    let data = cat(&[
+        &shared_entry_prefix(),
+        &dict(&[
+            ("segments", b"]".to_vec()),
+            ("device_traces", list(&list(&repeat(&get(0), 2_000_000)))),
+        ]),
+        b".",
+    ]);
+    expect_error("memo-entry.pickle", &data, &["device_traces[0]"]);
+}
+
+/// Found by these tests: "billion laughs" in `allocator_settings` (kept whole as JSON): 14
+/// levels of lists, each holding 100 references to the level below, is 7 KB of input and 10^28
+/// nodes once expanded.
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn memo_bomb_nested_lists_in_allocator_settings() {
+    let mut data = PROTO4.to_vec();
+    data.extend_from_slice(b"]");
+    data.push(MEMOIZE); // memo 0: []
+    data.push(b'0');
+    for level in 1..15u32 {
+        data.extend_from_slice(b"]");
+        data.push(MEMOIZE); // memo `level`
+        data.push(b'(');
+        data.extend(repeat(&get(level - 1), 100));
+        data.push(b'e');
+        data.push(b'0');
+    }
+    data.extend(dict(&[
+        ("segments", b"]".to_vec()),
+        ("device_traces", b"]".to_vec()),
+        ("allocator_settings", dict(&[("x", get(14))])),
+    ]));
+    data.push(b'.');
+    expect_error("memo-settings.pickle", &data, &["allocator_settings"]);
+}
+
+/// Found by these tests: memo indices 2^20 apart make the reader grow its dense memo table by
+/// 2^20 slots per 5-byte opcode (4000 opcodes: 20 KB of input, gigabytes of memory).
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn memo_indices_far_apart_do_not_allocate_the_gaps() {
+    let mut data = PROTO4.to_vec();
+    data.extend_from_slice(b"]");
+    for k in 1..=4000u32 {
+        data.push(b'r'); // LONG_BINPUT
+        data.extend_from_slice(&(k << 20).to_le_bytes());
+    }
+    data.extend_from_slice(b"0K\x05."); // POP, then the root is the int 5
+    expect_error("memo-sparse.pickle", &data, &[]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Length fields, nesting, integers, text.
+
+#[test]
+fn length_fields_claiming_2_pow_63_bytes_are_refused_before_allocating() {
+    let huge = (1u64 << 63).to_le_bytes();
+    let cases: [(&str, u8, &[u8], &str); 4] = [
+        ("binunicode8", 0x8d, &huge, "9223372036854775808"),
+        ("binbytes8", 0x8e, &huge, "9223372036854775808"),
+        ("bytearray8", 0x96, &huge, "9223372036854775808"),
+        ("frame", 0x95, &huge, "9223372036854775"),
+    ];
+    for (name, opcode, len, shown) in cases {
+        let mut data = PROTO4.to_vec();
+        data.push(opcode);
+        data.extend_from_slice(len);
+        data.extend_from_slice(b"abc.");
+        expect_error(&format!("{name}.pickle"), &data, &["at byte 2", shown]);
+    }
+    // 32-bit length fields at their maximum.
+    for (name, opcode) in [("binunicode", b'X'), ("binbytes", b'B')] {
+        let mut data = PROTO4.to_vec();
+        data.push(opcode);
+        data.extend_from_slice(&u32::MAX.to_le_bytes());
+        data.extend_from_slice(b"abc.");
+        expect_error(
+            &format!("{name}.pickle"),
+            &data,
+            &["at byte 2", "4294967295"],
+        );
+    }
+}
+
+#[test]
+fn a_million_nested_lists_give_a_schema_error() {
+    // [[[[…]]]] a million deep: MARK/EMPTY_LIST pairs closed by APPENDS.
+    let n = 1_000_000;
+    let data = cat(&[PROTO4, b"]", &repeat(b"(]", n), &repeat(b"e", n), b"."]);
+    expect_error(
+        "nested.pickle",
+        &data,
+        &["segments[0]: expected dict, found list"],
+    );
+}
+
+/// Found by these tests: STOP with a million MARKs still open is accepted (the top of the
+/// stack becomes the root) and the CLI reports "nothing to report" with exit 0.
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn stop_with_a_million_unclosed_marks_is_an_error() {
+    let n = 1_000_000;
+    let data = cat(&[PROTO4, &repeat(b"(]", n), b"."]);
+    let stop = (2 + 2 * n).to_string();
+    expect_error(
+        "unclosed.pickle",
+        &data,
+        &["MARK", &format!("at byte {stop}")],
+    );
+}
+
+#[test]
+fn huge_integers_are_refused() {
+    // LONG4 of 100,000 bytes (a 800,000-bit integer).
+    let mut data = PROTO4.to_vec();
+    data.push(0x8b);
+    data.extend_from_slice(&100_000i32.to_le_bytes());
+    data.extend(repeat(&[0x01], 100_000));
+    data.push(b'.');
+    expect_error(
+        "long4.pickle",
+        &data,
+        &["at byte 2", "integer of 100000 bytes is too large"],
+    );
+    // LONG4 claiming 2^31 - 1 bytes.
+    let mut data = PROTO4.to_vec();
+    data.push(0x8b);
+    data.extend_from_slice(&i32::MAX.to_le_bytes());
+    data.extend_from_slice(b"\x01\x02.");
+    expect_error("long4-len.pickle", &data, &["at byte 2", "2147483647"]);
+    // LONG1 of 255 bytes.
+    let mut data = PROTO4.to_vec();
+    data.extend_from_slice(&[0x8a, 0xff]);
+    data.extend(repeat(&[0x7f], 255));
+    data.push(b'.');
+    expect_error(
+        "long1.pickle",
+        &data,
+        &["at byte 2", "integer of 255 bytes"],
+    );
+    // Protocol 0 LONG with 5000 digits.
+    let mut data = b"(L".to_vec();
+    data.extend(repeat(b"9", 5000));
+    data.extend_from_slice(b"L\nl.");
+    expect_error("long-text.pickle", &data, &["at byte 1", "LONG"]);
+}
+
+#[test]
+fn invalid_utf8_is_refused_with_its_offset() {
+    let data = cat(&[
+        PROTO4,
+        b"}(",
+        &text("segments"),
+        b"]",
+        b"\x8c\x02\xff\xfe",
+        &text("x"),
+        b"u.",
+    ]);
+    expect_error("utf8.pickle", &data, &["invalid UTF-8", "at byte 15"]);
+    // In JSON: serde_json names line and column.
+    let json = b"{\"segments\": [], \"device_traces\": [], \"x\": \"\xff\xfe\"}";
+    expect_error("utf8.json", json, &["invalid JSON", "line 1 column"]);
+}
+
+#[test]
+fn inputs_that_are_not_snapshots() {
+    // A torch.save archive: a zip whose first entry is the pickled object.
+    let mut zip = b"PK\x03\x04\x14\x00\x00\x00\x00\x00".to_vec();
+    zip.extend_from_slice(&[0; 16]);
+    zip.extend_from_slice(&16u16.to_le_bytes());
+    zip.extend_from_slice(&0u16.to_le_bytes());
+    zip.extend_from_slice(b"archive/data.pkl");
+    zip.extend_from_slice(b"\x80\x02}q\x00.");
+    expect_error("model.pt", &zip, &["zip archive (as torch.save writes)"]);
+    expect_error("empty.pickle", b"", &["the file is empty"]);
+    expect_error(
+        "train.log",
+        b"epoch 1: loss 0.5\nepoch 2: loss 0.4\n",
+        &["not a memory snapshot", "first byte 0x65"],
+    );
+    expect_error(
+        "binary.bin",
+        &[0x7f, b'E', b'L', b'F', 2, 1, 1, 0],
+        &["not a memory snapshot", "first byte 0x7f"],
+    );
+}
+
+#[test]
+fn json_of_the_wrong_shape() {
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            "number.json",
+            r#"{"segments": 5}"#,
+            "segments: expected list, found int",
+        ),
+        (
+            "ints.json",
+            "[1, 2, 3]",
+            "segments[0]: expected dict, found int",
+        ),
+        (
+            "no-segments.json",
+            r#"{"device_traces": []}"#,
+            "segments: missing required key",
+        ),
+        (
+            "address.json",
+            r#"{"segments": [{"device": 0, "address": "0x10", "total_size": 1, "blocks": []}]}"#,
+            "segments[0].address: expected int, found str",
+        ),
+        (
+            "entry.json",
+            r#"{"segments": [], "device_traces": [[{"action": 7, "addr": 0, "size": 1}]]}"#,
+            "device_traces[0][0].action: expected str, found int",
+        ),
+        (
+            "report.json",
+            r#"{"schema_version": 1, "files": []}"#,
+            "segments",
+        ),
+        ("cut.json", r#"{"segments": [{"device": 0"#, "line 1 column"),
+    ];
+    for (name, text, want) in cases {
+        expect_error(name, text.as_bytes(), &[want]);
+    }
+    // 100,000 nested arrays: serde_json's depth limit, not a stack overflow.
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    expect_error("deep.json", deep.as_bytes(), &["recursion limit exceeded"]);
+}
+
+/// Negative sizes stay schema errors naming the field: PyTorch writes sizes as `size_t`, so a
+/// negative one is corruption, and no total can be computed from it. (Sizes that fit in 64 bits
+/// but exceed any device memory are accepted and flagged by `implausible_size`.)
+#[test]
+fn negative_sizes_are_errors_naming_the_field() {
+    let mut s = clean_snapshot();
+    s["segments"][0]["blocks"][1]["size"] = json!(-512);
+    expect_error(
+        "negative-block.json",
+        s.to_string().as_bytes(),
+        &["segments[0].blocks[1].size: expected a non-negative int below 2^64, found -512"],
+    );
+    let mut s = clean_snapshot();
+    s["device_traces"][0][1]["size"] = json!(-1);
+    expect_error(
+        "negative-entry.json",
+        s.to_string().as_bytes(),
+        &["device_traces[0][1].size: expected a non-negative int below 2^64, found -1"],
+    );
+}
+
+/// Found by these tests: every pickle and schema error is printed twice
+/// (`file: invalid pickle at byte 2: …: invalid pickle at byte 2: …`).
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn error_messages_do_not_repeat_themselves() {
+    let data = cat(&[PROTO4, b"}(", &text("segments")]);
+    let run = expect_error("cut.pickle", &data, &["truncated at byte"]);
+    assert_eq!(
+        run.stderr.matches("truncated at byte").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+    let run = expect_error("shape.json", br#"{"segments": 5}"#, &[]);
+    assert_eq!(
+        run.stderr.matches("expected list").count(),
+        1,
+        "{}",
+        run.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Regressions found by fuzzing (inputs under tests/regressions/, see fuzz/README.md).
+
+/// Decodes and analyses one regression input in-process: an error or a report, no panic.
+fn regression(name: &str) -> Option<FileReport> {
+    let path = common::root().join("tests/regressions").join(name);
+    let bytes = std::fs::read(&path).expect("regression input");
+    report_of(name, &bytes)
+}
+
+fn report_of(name: &str, bytes: &[u8]) -> Option<FileReport> {
+    match snapshot::load_bytes(name, bytes) {
+        Ok(s) => {
+            let loaded = LoadedSnapshot {
+                name: name.to_owned(),
+                decoded_bytes: bytes.len() as u64,
+                compression: snapscan::input::Compression::None,
+                snapshot: s,
+            };
+            let report = file_report(&loaded, &ReportOptions::default());
+            let r = snapscan::report::Report {
+                schema_version: snapscan::report::SCHEMA_VERSION,
+                files: vec![report.clone()],
+                ranks: None,
+            };
+            let view = snapscan::render::report_text::View {
+                top: 5,
+                stacks: true,
+            };
+            assert!(!snapscan::render::report_text::text(&r, &view).is_empty());
+            assert!(!snapscan::render::json(&r).is_empty());
+            // What the fuzz targets run too: stats and budgets.
+            let stats = snapscan::report::StatsOutput {
+                schema_version: snapscan::report::SCHEMA_VERSION,
+                files: vec![snapscan::analysis::stats::file_stats(&loaded, None)],
+            };
+            assert!(!snapscan::render::stats_text::render(&stats).is_empty());
+            let budgets = snapscan::report::Budgets {
+                max_peak_bytes: Some(1 << 30),
+                max_reserved_bytes: Some(1 << 30),
+                max_fragmentation_ratio: Some(0.5),
+                fail_on_oom: true,
+            };
+            let _ = snapscan::analysis::check::check(&r, &budgets);
+            Some(report)
+        }
+        Err(e) => {
+            assert!(!e.to_string().is_empty());
+            None
+        }
+    }
+}
+
+/// The quality warnings of every device of a regression input that must load.
+fn regression_warnings(name: &str) -> Vec<QualityWarning> {
+    let report = regression(name).expect("the regression input loads");
+    report
+        .devices
+        .into_iter()
+        .flat_map(|d| d.data_quality)
+        .collect()
+}
+
+/// Found by fuzzing (json_report, first minutes, from the `inconsistent.json` seed): the replay
+/// corrected an estimated block size to the dump's exact one with a subtraction that overflows
+/// when the trace claims `i64::MAX` bytes (panic with overflow checks, a wrapped total without).
+#[test]
+fn regression_replay_block_size_correction_overflow() {
+    let warnings = regression_warnings("fuzz-replay-block-size-correction-overflow.json");
+    for kind in [
+        "implausible_size",
+        "duplicate_segments",
+        "overlapping_blocks",
+        "device_out_of_range",
+    ] {
+        assert!(has(&warnings, kind), "{kind}: {warnings:#?}");
+    }
+}
+
+/// Found by fuzzing (parallel_reader, differential): the parallel reader ignores the length of
+/// a FRAME, so a pickle whose frame claims more bytes than the file holds (13 bytes here:
+/// PROTO 4, FRAME 2^60, EMPTY_LIST, STOP) gives a report ("nothing to report", exit 0) where
+/// the sequential reader, like CPython, says it is truncated.
+#[test]
+#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
+fn regression_parallel_reader_ignores_frame_length() {
+    let path =
+        common::root().join("tests/regressions/fuzz-parallel-reader-ignores-frame-length.pickle");
+    let data = std::fs::read(path).expect("regression input");
+    let err = snapshot::load_bytes_sequential("frame", &data)
+        .expect_err("the sequential reader refuses it")
+        .to_string();
+    assert!(err.contains("truncated at byte 2 of 13"), "{err}");
+    match snapshot::load_bytes("frame", &data) {
+        Ok(_) => panic!("load_bytes accepted a pickle whose FRAME runs past the end"),
+        Err(e) => assert!(e.to_string().contains("truncated at byte 2"), "{e}"),
+    }
+}
+
+/// Found by fuzzing (parallel_reader, differential): one byte changed in a fixture makes a trace
+/// entry's `frames` a frame dict instead of a list (LONG_BINGET of the neighbouring memo slot);
+/// the sequential reader names the path, the parallel reader accepts the file. Built from the
+/// fixture at run time (the input is 160 kB).
+#[test]
+fn regression_parallel_reader_accepts_a_frame_dict_as_frames() {
+    let mut data = std::fs::read(common::fixture("synth/truncated.pickle")).expect("fixture");
+    // LONG_BINGET 3121 (the entry's frames list) becomes LONG_BINGET 3122 (its first frame).
+    assert_eq!(
+        &data[89308..89313],
+        b"j1\x0c\x00\x00",
+        "the fixture changed"
+    );
+    data[89309] = b'2';
+    let want = ".frames: expected list, found dict";
+    let err = snapshot::load_bytes_sequential("mutant", &data)
+        .expect_err("the sequential reader refuses it")
+        .to_string();
+    assert!(err.contains(want), "{err}");
+    match snapshot::load_bytes("mutant", &data) {
+        Ok(_) => panic!("load_bytes accepted a trace entry whose frames is a dict"),
+        Err(e) => assert!(e.to_string().contains(want), "{e}"),
+    }
+}
+
+/// Found by the extreme-value seeds run through the fuzz targets: a trace size of `i64::MAX`
+/// overflowed the requested curve (and the block-size correction).
+#[test]
+fn regression_trace_size_i64_max_overflowed_the_curves() {
+    let warnings = regression_warnings("trace-size-i64-max.json");
+    assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
+}
+
+/// Found by the extreme-value seeds: a segment at address 2^64 − 1 overflowed `address + size`
+/// in the layout at the peak.
+#[test]
+fn regression_segment_address_near_2_pow_64_overflowed_the_layout() {
+    regression("segment-address-near-2-pow-64.json").expect("loads");
+}
+
+/// Found by the extreme-value seeds: a segment of 2^64 − 1 bytes overflowed the merge of
+/// expandable runs in the layout and the fragmentation sums.
+#[test]
+fn regression_segment_size_near_2_pow_64_overflowed_the_layout_sums() {
+    let warnings = regression_warnings("segment-size-near-2-pow-64.json");
+    assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
+    assert!(has(&warnings, "blocks_do_not_tile"), "{warnings:#?}");
+}
+
+/// Found by the extreme-value seeds: a block of 2^64 − 1 bytes overflowed the free-bytes sum of
+/// `snapscan stats`.
+#[test]
+fn regression_block_size_near_2_pow_64_overflowed_the_stats() {
+    let warnings = regression_warnings("block-size-near-2-pow-64.json");
+    assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
+}
+
+/// Found by the extreme-value seeds: three segments of 2^63 bytes overflowed the dump's totals
+/// (`final_state`) and the OOM's reserved bytes.
+#[test]
+fn regression_three_segments_of_2_pow_63_overflowed_the_totals() {
+    let warnings = regression_warnings("three-segments-of-2-pow-63.json");
+    assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
+}
+
+/// Found by the extreme-value seeds: `time_us` = i64::MIN overflowed the window duration and
+/// the "+N s" of the text report.
+#[test]
+fn regression_time_us_at_i64_min_overflowed_the_duration() {
+    let report = regression("time-us-at-i64-min.json").expect("loads");
+    assert!(report.devices[0].window.duration_s.is_some());
+}
+
+#[test]
+fn huge_sizes_do_not_overflow_the_replay() {
+    // Two allocations of 2^62 bytes: the requested curve would pass i64::MAX.
+    let mut s = clean_snapshot();
+    let big = 1u64 << 62;
+    s["device_traces"][0] = json!([
+        {"action": "alloc", "addr": 4096, "size": big, "stream": 0},
+        {"action": "alloc", "addr": 8192, "size": big, "stream": 0},
+        {"action": "alloc", "addr": 12288, "size": big, "stream": 0},
+    ]);
+    let report = report_of("huge.json", s.to_string().as_bytes()).expect("a report");
+    let dev = &report.devices[0];
+    assert!(
+        has(&dev.data_quality, "implausible_size"),
+        "{:#?}",
+        dev.data_quality
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Data quality: one hand-made snapshot per warning.
+
+const SEG: u64 = 0x7f00_0000_0000;
+const MIB2: u64 = 2 << 20;
+
+/// One consistent device-0 snapshot: a 2 MiB segment with an allocated 1 KiB block and the free
+/// rest, and a trace that created both.
+fn clean_snapshot() -> Json {
+    json!({
+        "segments": [segment(0, SEG, &[(1024, 1000, "active_allocated"), (MIB2 - 1024, 0, "inactive")])],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": SEG, "size": MIB2, "stream": 0, "time_us": 1},
+            {"action": "alloc", "addr": SEG, "size": 1000, "stream": 0, "time_us": 2},
+            {"action": "snapshot", "addr": 0, "size": 1024, "stream": 0, "time_us": 3},
+        ]],
+    })
+}
+
+/// A segment whose blocks tile it, with consistent sums.
+fn segment(device: i64, address: u64, blocks: &[(u64, u64, &str)]) -> Json {
+    let mut at = address;
+    let mut items = Vec::new();
+    let (mut allocated, mut active, mut requested, mut total) = (0, 0, 0, 0);
+    for &(size, req, state) in blocks {
+        items.push(json!({"address": at, "size": size, "requested_size": req, "state": state, "frames": []}));
+        if state == "active_allocated" {
+            allocated += size;
+        }
+        if state != "inactive" {
+            active += size;
+            requested += req;
+        }
+        at += size;
+        total += size;
+    }
+    json!({
+        "device": device, "address": address, "total_size": total,
+        "allocated_size": allocated, "active_size": active, "requested_size": requested,
+        "stream": 0, "segment_type": "small", "segment_pool_id": [0, 0],
+        "is_expandable": false, "frames": [], "blocks": items,
+    })
+}
+
+/// Data-quality warnings of every device of a JSON snapshot (device order).
+fn quality(s: &Json) -> Vec<(i64, QualityWarning)> {
+    let report = report_of("quality.json", s.to_string().as_bytes()).expect("a report");
+    report
+        .devices
+        .iter()
+        .flat_map(|d| d.data_quality.iter().map(move |w| (d.device, w.clone())))
+        .collect()
+}
+
+fn has(warnings: &[QualityWarning], kind: &str) -> bool {
+    warnings.iter().any(|w| w.kind == kind)
+}
+
+/// The only warning of `s`, which must be of `kind`, with `count` and a message containing
+/// `needle`.
+fn only_warning(s: &Json, kind: &str, count: u64, needle: &str) -> QualityWarning {
+    let all = quality(s);
+    assert_eq!(all.len(), 1, "expected one {kind}: {all:#?}");
+    let w = all[0].1.clone();
+    assert_eq!(w.kind, kind, "{w:#?}");
+    assert_eq!(w.count, count, "{w:#?}");
+    assert!(w.message.contains(needle), "{needle:?} not in {w:#?}");
+    w
+}
+
+#[test]
+fn clean_snapshot_has_no_quality_warnings() {
+    assert!(quality(&clean_snapshot()).is_empty());
+}
+
+#[test]
+fn every_fixture_is_clean() {
+    for path in common::snapshot_fixtures() {
+        let loaded = snapshot::load(&path).expect("fixture loads");
+        let report = file_report(&loaded, &ReportOptions::default());
+        for d in &report.devices {
+            assert!(
+                d.data_quality.is_empty(),
+                "{} device {}: {:#?}",
+                path.display(),
+                d.device,
+                d.data_quality
+            );
+        }
+    }
+}
+
+#[test]
+fn overlapping_blocks_are_flagged() {
+    let mut s = clean_snapshot();
+    // The free block starts 512 bytes inside the allocated one (and the sums stay right).
+    s["segments"][0]["blocks"][1]["address"] = json!(SEG + 512);
+    s["segments"][0]["blocks"][1]["size"] = json!(MIB2 - 512);
+    let all = quality(&s);
+    let w = all
+        .iter()
+        .find(|(_, w)| w.kind == "overlapping_blocks")
+        .expect("overlap");
+    assert_eq!(w.1.count, 1);
+    assert!(w.1.message.contains("counted twice"), "{w:#?}");
+    assert!(w
+        .1
+        .affects
+        .contains(&"final.free_external_bytes".to_owned()));
+}
+
+#[test]
+fn blocks_that_do_not_tile_their_segment_are_flagged() {
+    // A gap: the free block starts 512 bytes after the allocated one ends.
+    let mut s = clean_snapshot();
+    s["segments"][0]["blocks"][1]["address"] = json!(SEG + 1024 + 512);
+    s["segments"][0]["blocks"][1]["size"] = json!(MIB2 - 1024 - 512);
+    let w = only_warning(&s, "blocks_do_not_tile", 1, "no block covers");
+    assert!(w.affects.contains(&"fragmentation_at_end".to_owned()));
+    // Blocks that stop short of the segment's end.
+    let mut s = clean_snapshot();
+    s["segments"][0]["total_size"] = json!(2 * MIB2);
+    s["device_traces"][0][0]["size"] = json!(2 * MIB2);
+    only_warning(&s, "blocks_do_not_tile", 1, "its blocks end at");
+    // A segment without blocks.
+    let mut s = clean_snapshot();
+    s["segments"]
+        .as_array_mut()
+        .unwrap()
+        .push(segment(0, SEG + MIB2, &[]));
+    s["segments"][1]["total_size"] = json!(MIB2);
+    s["device_traces"][0]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"action": "segment_alloc", "addr": SEG + MIB2, "size": MIB2, "stream": 0}));
+    only_warning(&s, "blocks_do_not_tile", 1, "has no blocks");
+}
+
+#[test]
+fn segment_sums_that_disagree_with_blocks_are_flagged() {
+    let mut s = clean_snapshot();
+    s["segments"][0]["allocated_size"] = json!(4096);
+    let w = only_warning(
+        &s,
+        "segment_sums_disagree",
+        1,
+        "allocated_size 4096 (blocks: 1024)",
+    );
+    assert!(w.affects.is_empty(), "the report uses the blocks: {w:#?}");
+}
+
+#[test]
+fn duplicate_and_overlapping_segments_are_flagged() {
+    let mut s = clean_snapshot();
+    let again = s["segments"][0].clone();
+    s["segments"].as_array_mut().unwrap().push(again);
+    let all = quality(&s);
+    let w = all
+        .iter()
+        .find(|(_, w)| w.kind == "duplicate_segments")
+        .expect("duplicate");
+    assert!(w.1.message.contains("listed twice"), "{w:#?}");
+    assert!(w.1.affects.contains(&"final.reserved_bytes".to_owned()));
+    // A second segment starting 1 MiB into the first.
+    let mut s = clean_snapshot();
+    s["segments"].as_array_mut().unwrap().push(segment(
+        0,
+        SEG + (1 << 20),
+        &[(MIB2, 0, "inactive")],
+    ));
+    s["device_traces"][0].as_array_mut().unwrap().push(
+        json!({"action": "segment_alloc", "addr": SEG + (1 << 20), "size": MIB2, "stream": 0}),
+    );
+    only_warning(&s, "overlapping_segments", 1, "starts inside segment");
+}
+
+#[test]
+fn devices_out_of_range_are_flagged() {
+    // Segments of device 3 with trace lists for devices 0 and 1 only.
+    let mut s = clean_snapshot();
+    s["device_traces"].as_array_mut().unwrap().push(json!([]));
+    s["segments"]
+        .as_array_mut()
+        .unwrap()
+        .push(segment(3, SEG * 2, &[(MIB2, 0, "inactive")]));
+    let all = quality(&s);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0].0, 3);
+    assert_eq!(all[0].1.kind, "device_out_of_range");
+    assert!(all[0].1.message.contains("devices 0 to 1 only"), "{all:#?}");
+    // A negative device.
+    let mut s = clean_snapshot();
+    s["segments"]
+        .as_array_mut()
+        .unwrap()
+        .push(segment(-1, SEG * 2, &[(MIB2, 0, "inactive")]));
+    let all = quality(&s);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0].0, -1);
+    assert!(all[0].1.message.contains("not a CUDA ordinal"), "{all:#?}");
+}
+
+#[test]
+fn frees_of_addresses_already_freed_are_flagged() {
+    let mut s = clean_snapshot();
+    let trace = s["device_traces"][0].as_array_mut().unwrap();
+    trace.pop(); // the snapshot marker no longer holds
+    trace.extend([
+        json!({"action": "alloc", "addr": SEG + 1024, "size": 4096, "stream": 0}),
+        json!({"action": "free_requested", "addr": SEG + 1024, "size": 4096, "stream": 0}),
+        json!({"action": "free_completed", "addr": SEG + 1024, "size": 4096, "stream": 0}),
+        json!({"action": "free_completed", "addr": SEG + 1024, "size": 4096, "stream": 0}),
+    ]);
+    let w = only_warning(&s, "double_free", 1, "event 5 frees");
+    assert!(w.affects.contains(&"peak.requested_bytes".to_owned()));
+}
+
+#[test]
+fn trace_addresses_outside_every_segment_are_flagged() {
+    let mut s = clean_snapshot();
+    let trace = s["device_traces"][0].as_array_mut().unwrap();
+    trace.pop();
+    trace.extend([
+        json!({"action": "alloc", "addr": 64, "size": 4096, "stream": 0}),
+        json!({"action": "free_requested", "addr": 64, "size": 4096, "stream": 0}),
+        json!({"action": "free_completed", "addr": 64, "size": 4096, "stream": 0}),
+    ]);
+    only_warning(&s, "address_outside_segments", 3, "event 2 (alloc) at 0x40");
+}
+
+#[test]
+fn segment_events_that_do_not_add_up_are_flagged() {
+    // The trace creates a second segment that is neither in the dump nor freed.
+    let mut s = clean_snapshot();
+    s["device_traces"][0]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"action": "segment_alloc", "addr": SEG + MIB2, "size": MIB2, "stream": 0}));
+    let w = only_warning(
+        &s,
+        "negative_level",
+        1,
+        "reserved bytes replay to -2097152 at window start",
+    );
+    assert!(w.affects.contains(&"peak_reserved".to_owned()));
+}
+
+#[test]
+fn snapshot_markers_that_disagree_with_the_replay_are_flagged() {
+    let mut s = clean_snapshot();
+    s["device_traces"][0][2]["size"] = json!(512);
+    only_warning(
+        &s,
+        "snapshot_marker_mismatch",
+        1,
+        "event 2 records 512 active bytes, the replay has 1024",
+    );
+    // Far more than the replay can hold, even with every estimate at its largest.
+    let mut s = clean_snapshot();
+    s["device_traces"][0][2]["size"] = json!(1u64 << 40);
+    only_warning(
+        &s,
+        "snapshot_marker_mismatch",
+        1,
+        "records 1099511627776 active bytes",
+    );
+}
+
+#[test]
+fn implausible_sizes_are_flagged() {
+    let mut s = clean_snapshot();
+    s["device_traces"][0][1]["size"] = json!(u64::MAX - 511);
+    let all = quality(&s);
+    assert!(
+        all.iter().any(|(_, w)| w.kind == "implausible_size"
+            && w.message
+                .contains("event 1 (alloc) has size 18446744073709551104")),
+        "{all:#?}"
+    );
+    let mut s = clean_snapshot();
+    s["segments"][0]["blocks"][0]["requested_size"] = json!(1u64 << 60);
+    s["segments"][0]["requested_size"] = json!(1u64 << 60);
+    let all = quality(&s);
+    assert!(
+        all.iter()
+            .any(|(_, w)| w.kind == "implausible_size" && w.message.contains("in the dump")),
+        "{all:#?}"
+    );
+}
+
+#[test]
+fn unknown_block_states_are_flagged() {
+    let mut s = clean_snapshot();
+    s["segments"][0]["blocks"][1]["state"] = json!("reserved_for_later");
+    only_warning(&s, "unknown_block_state", 1, "counted as free");
+}
+
+#[test]
+fn data_quality_is_rendered_in_text_and_json() {
+    let mut s = clean_snapshot();
+    s["segments"][0]["allocated_size"] = json!(4096);
+    let path = scratch_file("quality.json", s.to_string().as_bytes());
+    let text = common::snapscan()
+        .arg("report")
+        .arg(&path)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("Data quality:"), "{text}");
+    assert!(text.contains("segment_sums_disagree (1):"), "{text}");
+    assert!(
+        text.contains("Affects: no figure of this report."),
+        "{text}"
+    );
+    let json_out = common::snapscan()
+        .args(["report", "--format", "json"])
+        .arg(&path)
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let report: Json = serde_json::from_slice(&json_out).unwrap();
+    let dq = &report["files"][0]["devices"][0]["data_quality"];
+    assert_eq!(dq[0]["kind"], "segment_sums_disagree", "{dq}");
+    assert_eq!(dq[0]["count"], 1);
+    assert!(dq[0]["affects"].as_array().is_some());
+    let _ = std::fs::remove_file(path);
+}

@@ -1,0 +1,233 @@
+//! The parallel reader against the sequential one: the same snapshot (by content: ids may be
+//! numbered differently) and the same report for every fixture, and never a result where the
+//! sequential reader finds an error.
+
+use snapscan::analysis::report::{file_report, ReportOptions};
+use snapscan::snapshot::{self, Interner, LoadedSnapshot, Snapshot, StackId, TextId};
+
+use crate::common;
+
+fn stack(i: &Interner, s: StackId) -> Vec<(String, String, i64)> {
+    i.get_stack(s)
+        .iter()
+        .map(|&f| {
+            let f = i.get_frame(f);
+            (
+                i.get_text(f.name).to_owned(),
+                i.get_text(f.filename).to_owned(),
+                f.line,
+            )
+        })
+        .collect()
+}
+
+fn text(i: &Interner, t: Option<TextId>) -> Option<String> {
+    t.map(|t| i.get_text(t).to_owned())
+}
+
+/// One line per segment (with its blocks), stacks spelled out.
+pub fn segment_lines(s: &Snapshot) -> Vec<String> {
+    let i = &s.interner;
+    s.segments
+        .iter()
+        .map(|seg| {
+            let mut line = format!(
+                "seg {} {} {} {} {} {} {} {:?} {:?} {} {:?}",
+                seg.device,
+                seg.address,
+                seg.total_size,
+                seg.allocated_size,
+                seg.active_size,
+                seg.requested_size,
+                seg.stream,
+                seg.pool_kind,
+                seg.pool_id,
+                seg.is_expandable,
+                stack(i, seg.frames)
+            );
+            for b in &seg.blocks {
+                line.push_str(&format!(
+                    " | block {} {} {} {:?} {:?}",
+                    b.address,
+                    b.size,
+                    b.requested_size,
+                    b.state,
+                    stack(i, b.frames)
+                ));
+            }
+            line
+        })
+        .collect()
+}
+
+/// One line per trace entry of device `d`, ids spelled out.
+pub fn entry_lines(s: &Snapshot, d: usize) -> Vec<String> {
+    let i = &s.interner;
+    s.device_traces[d]
+        .iter()
+        .map(|e| {
+            format!(
+                "{:?} {:?} {} {} {} {:?} {:?} {:?} {:?} {:?}",
+                e.action,
+                text(i, e.action_text),
+                e.addr,
+                e.size,
+                e.stream,
+                e.device_free,
+                e.time_us,
+                stack(i, e.frames),
+                text(i, e.user_metadata),
+                text(i, e.compile_context)
+            )
+        })
+        .collect()
+}
+
+/// Everything in a snapshot, with ids replaced by what they stand for.
+pub fn canonical(s: &Snapshot) -> Vec<String> {
+    let mut out = vec![
+        format!("{:?}", s.layout),
+        format!("{:?}", s.other_top_level_keys),
+        format!("{:?}", s.annotations),
+        format!(
+            "{:?}",
+            s.allocator_settings.as_ref().map(|a| (
+                &a.conf,
+                a.expandable_segments,
+                a.max_split_size,
+                &a.raw
+            ))
+        ),
+        format!("{:?}", s.salvaged),
+    ];
+    out.extend(segment_lines(s));
+    for d in 0..s.device_traces.len() {
+        out.push(format!("device {d}: {} entries", s.device_traces[d].len()));
+        out.extend(entry_lines(s, d));
+    }
+    out
+}
+
+fn report_json(s: Snapshot) -> String {
+    let loaded = LoadedSnapshot {
+        name: "x".into(),
+        decoded_bytes: 0,
+        compression: snapscan::input::Compression::None,
+        snapshot: s,
+    };
+    serde_json::to_string(&file_report(&loaded, &ReportOptions::default())).unwrap()
+}
+
+pub fn read(path: &std::path::Path) -> Vec<u8> {
+    let (bytes, _) = snapscan::input::read_input(path).expect("readable fixture");
+    bytes.to_vec()
+}
+
+#[test]
+fn every_fixture_reads_the_same_in_parallel() {
+    let mut parallel = 0;
+    for path in common::snapshot_fixtures() {
+        let data = read(&path);
+        let seq = snapshot::load_bytes_sequential("f", &data)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let Some(par) = snapshot::load_bytes_parallel(&data) else {
+            // Only protocol 2/3 files (no frames) are left to the sequential reader.
+            assert!(
+                data.get(1).is_some_and(|&p| p < 4),
+                "{}: the parallel reader gave up on a protocol {} file",
+                path.display(),
+                data[1]
+            );
+            continue;
+        };
+        parallel += 1;
+        let a = canonical(&seq);
+        // Default chunks, and one frame per chunk: every structure then crosses chunks.
+        let small = snapshot::load_bytes_parallel_chunked(&data, 1)
+            .unwrap_or_else(|| panic!("{}: small chunks", path.display()));
+        for b in [canonical(&par), canonical(&small)] {
+            assert_eq!(a.len(), b.len(), "{}", path.display());
+            for (x, y) in a.iter().zip(&b) {
+                assert_eq!(x, y, "{}", path.display());
+            }
+        }
+        assert_eq!(
+            report_json(seq),
+            report_json(par),
+            "{}: reports differ",
+            path.display()
+        );
+    }
+    assert!(parallel >= 10, "only {parallel} fixtures read in parallel");
+}
+
+/// Cut or changed inputs: the parallel reader either declines or agrees with the sequential one.
+#[test]
+fn cut_and_mutated_inputs_never_read_differently() {
+    for path in common::snapshot_fixtures() {
+        let data = read(&path);
+        let check = |bytes: &[u8], what: &str, small: bool| {
+            for par in [
+                snapshot::load_bytes_parallel(bytes),
+                small
+                    .then(|| snapshot::load_bytes_parallel_chunked(bytes, 1))
+                    .flatten(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                match snapshot::load_bytes_sequential("m", bytes) {
+                    Ok(seq) => assert!(
+                        canonical(&seq) == canonical(&par),
+                        "{} {what}: results differ",
+                        path.display()
+                    ),
+                    Err(e) => panic!(
+                        "{} {what}: the sequential reader fails ({e}) but the parallel one \
+                         reads it",
+                        path.display()
+                    ),
+                }
+            }
+        };
+        for k in 1..16 {
+            let cut = data.len() * k / 16;
+            check(&data[..cut], &format!("cut at {cut}"), k % 4 == 0);
+        }
+        let mut rng = 0x9e3779b97f4a7c15u64 ^ data.len() as u64;
+        for i in 0..32 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let pos = (rng % data.len() as u64) as usize;
+            let mut m = data.clone();
+            m[pos] = (rng >> 32) as u8;
+            check(
+                &m,
+                &format!("byte {pos} set to {:#04x}", m[pos]),
+                i % 4 == 0,
+            );
+        }
+    }
+}
+
+/// The parallel reader gives the same snapshot on one thread and on many (chunks are cut by
+/// size, not by thread count; ids are assigned in file order after the chunks ran).
+#[test]
+fn one_thread_and_many_threads_read_the_same() {
+    for path in common::snapshot_fixtures() {
+        let data = read(&path);
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    snapshot::load_bytes_parallel_chunked(&data, 1)
+                        .map(|s| (canonical(&s), report_json(s)))
+                })
+        };
+        let one = run(1);
+        assert!(one == run(4), "{}", path.display());
+    }
+}
