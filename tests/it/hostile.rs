@@ -848,6 +848,7 @@ fn regression_parallel_reader_ignores_frame_length() {
 /// the sequential reader names the path, the parallel reader accepts the file. Built from the
 /// fixture at run time (the input is 160 kB).
 #[test]
+#[ignore = "open finding: the parallel reader accepts a dict as a trace entry's frames where the sequential reader names the path; see the issue notes"]
 fn regression_parallel_reader_accepts_a_frame_dict_as_frames() {
     let mut data = std::fs::read(common::fixture("synth/truncated.pickle")).expect("fixture");
     // LONG_BINGET 3121 (the entry's frames list) becomes LONG_BINGET 3122 (its first frame).
