@@ -55,15 +55,14 @@ pub enum Compression {
 /// An error while getting or decoding an input, always naming the input.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    // The wrapped errors are part of the message, not `source()`s: `{:#}` would print them
+    // twice.
+    #[error("{path}: {error}")]
+    Io { path: String, error: std::io::Error },
     #[error("{path}: {message}")]
     Format { path: String, message: String },
-    #[error("{path}: {source}")]
-    Pickle { path: String, source: PickleError },
+    #[error("{path}: {error}")]
+    Pickle { path: String, error: PickleError },
 }
 
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
@@ -146,9 +145,9 @@ pub fn read_input_with(
     progress: &mut Loading,
 ) -> Result<(InputBytes, Compression), InputError> {
     let name = display_name(path);
-    let io_err = |source| InputError::Io {
+    let io_err = |error| InputError::Io {
         path: name.clone(),
-        source,
+        error,
     };
     let raw = if path.as_os_str() == "-" {
         let mut buf = Vec::new();
@@ -277,9 +276,9 @@ pub fn decode_document_with(
             data[0]
         )));
     };
-    result.map_err(|source| InputError::Pickle {
+    result.map_err(|error| InputError::Pickle {
         path: name.to_owned(),
-        source,
+        error,
     })
 }
 
@@ -309,7 +308,7 @@ fn expand_glob(pattern: &Path) -> Result<Vec<PathBuf>, InputError> {
     {
         out.push(entry.map_err(|e| InputError::Io {
             path: e.path().display().to_string(),
-            source: std::io::Error::new(e.error().kind(), e.error().to_string()),
+            error: std::io::Error::new(e.error().kind(), e.error().to_string()),
         })?);
     }
     if out.is_empty() {
@@ -333,9 +332,9 @@ pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
     let mut out = Vec::new();
     for p in &globbed {
         if p.is_dir() {
-            let entries = std::fs::read_dir(p).map_err(|source| InputError::Io {
+            let entries = std::fs::read_dir(p).map_err(|error| InputError::Io {
                 path: display_name(p),
-                source,
+                error,
             })?;
             let mut files: Vec<PathBuf> = entries
                 .filter_map(|e| e.ok().map(|e| e.path()))

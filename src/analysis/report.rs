@@ -275,9 +275,29 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
 }
 
 pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
-    let replay = replay_device(snapshot, device);
+    // The replay, the phases and the data-quality checks each read the whole trace: on big
+    // traces they run side by side.
+    let (replay, phases) = rayon::join(
+        || replay_device(snapshot, device),
+        || find_phases(snapshot, device),
+    );
+    let (quality, mut report) = rayon::join(
+        || super::quality::device_quality(snapshot, device, &replay),
+        || device_report_with(snapshot, device, options, &replay, phases),
+    );
+    report.data_quality = quality;
+    report
+}
+
+/// The report of one device, but its data-quality checks.
+fn device_report_with(
+    snapshot: &Snapshot,
+    device: i64,
+    options: &ReportOptions,
+    replay: &DeviceReplay,
+    phases: Phases,
+) -> DeviceReport {
     let trace = snapshot.trace(device);
-    let phases = find_phases(snapshot, device);
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
@@ -326,7 +346,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
             ),
         ),
         None => {
-            let (low_event, _) = low_point_before(&replay, peak_event);
+            let (low_event, _) = low_point_before(replay, peak_event);
             (
                 "low_point",
                 low_event,
@@ -369,19 +389,19 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         .unwrap_or(0);
     let peak_layout = layout_at(
         snapshot,
-        &replay,
+        replay,
         match peak_event {
             Some(e) => Moment::After(e),
             None => Moment::WindowStart,
         },
     );
-    let end_layout = layout_at(snapshot, &replay, Moment::End);
+    let end_layout = layout_at(snapshot, replay, Moment::End);
 
     let oom: Vec<Oom> = trace
         .iter()
         .enumerate()
         .filter(|(_, e)| e.action == Action::Oom)
-        .map(|(i, _)| oom_report(snapshot, &replay, &phases, i as u32))
+        .map(|(i, _)| oom_report(snapshot, replay, &phases, i as u32))
         .collect();
 
     let first_time = trace.iter().find_map(|e| e.time_us);
@@ -451,7 +471,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     if let Some(reason) = &phases.unknown_reason {
         notes.push(format!("phases unknown: {reason}"));
     }
-    let steps = step_summaries(&replay, &phases);
+    let steps = step_summaries(replay, &phases);
 
     let mut report = DeviceReport {
         device,
@@ -509,7 +529,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         steps,
         advice: Vec::new(),
         notes,
-        data_quality: super::quality::device_quality(snapshot, device, &replay),
+        data_quality: Vec::new(),
     };
     report.advice = super::advice::advise(
         &report,

@@ -25,6 +25,10 @@ pub enum PickleError {
         needed: u64,
         inside: Option<String>,
     },
+    /// A FRAME claiming far more bytes than the input has (not a dump cut short: those are
+    /// read on, see `Truncated`).
+    #[error("truncated at byte {offset} of {len}: the FRAME there claims {claimed} bytes")]
+    FrameTooLong { offset: u64, len: u64, claimed: u64 },
     #[error("invalid pickle at byte {offset}: {message}")]
     Invalid { offset: u64, message: String },
     #[error("invalid JSON: {0}")]
@@ -43,6 +47,7 @@ impl PickleError {
         match self {
             PickleError::Refused { offset, .. }
             | PickleError::Truncated { offset, .. }
+            | PickleError::FrameTooLong { offset, .. }
             | PickleError::Invalid { offset, .. } => Some(*offset),
             PickleError::Json(_) => None,
         }

@@ -31,7 +31,9 @@ impl Memo {
         let len = self.dense.len() as u64;
         if index < len {
             self.dense[index as usize] = Some(value);
-        } else if index <= len + DENSE_MEMO_SLACK as u64 {
+        } else if index - len <= (len.max(1024)).min(DENSE_MEMO_SLACK as u64) {
+            // Growing at most doubles the table: far indices (a hostile LONG_BINPUT every
+            // 2^20) go to the map instead of allocating the gaps.
             self.dense.resize(index as usize, None);
             self.dense.push(Some(value));
         } else {
@@ -436,12 +438,21 @@ impl<'a> Machine<'a> {
                     // opcode says where (and salvage keeps what is complete). A claim far
                     // beyond the input is not a cut.
                     if n > remaining.saturating_add(MAX_CUT_FRAME) {
-                        return Err(self.err(format!(
-                            "FRAME says {n} bytes but only {remaining} bytes of input remain"
-                        )));
+                        return Err(PickleError::FrameTooLong {
+                            offset: self.op_pos as u64,
+                            len: self.data.len() as u64,
+                            claimed: n,
+                        });
                     }
                 }
                 op::STOP => {
+                    if !self.marks.is_empty() {
+                        return Err(self.err(format!(
+                            "STOP with {} MARK{} still open (containers never closed)",
+                            self.marks.len(),
+                            if self.marks.len() == 1 { "" } else { "s" }
+                        )));
+                    }
                     let root = self.pop()?;
                     self.doc.root = Some(root);
                     return Ok(());

@@ -155,9 +155,22 @@ impl Document {
     /// Converts to `serde_json::Value` (tuples and sets become arrays, non-string keys are
     /// rendered as text). Iterative depth is bounded by `max_depth`.
     pub fn to_json(&self, value: Value, max_depth: usize) -> Option<serde_json::Value> {
-        if max_depth == 0 {
+        let mut budget = usize::MAX;
+        self.to_json_limited(value, max_depth, &mut budget)
+    }
+
+    /// [`to_json`](Self::to_json) making at most `budget` values (shared containers count
+    /// once per reference); `None` with `*budget == 0` when that is not enough.
+    pub fn to_json_limited(
+        &self,
+        value: Value,
+        max_depth: usize,
+        budget: &mut usize,
+    ) -> Option<serde_json::Value> {
+        if max_depth == 0 || *budget == 0 {
             return None;
         }
+        *budget -= 1;
         Some(match value {
             Value::None => serde_json::Value::Null,
             Value::Bool(b) => serde_json::Value::Bool(b),
@@ -182,7 +195,7 @@ impl Document {
             Value::List(id) | Value::Tuple(id) | Value::Set(id) | Value::FrozenSet(id) => {
                 let mut out = Vec::with_capacity(self.seq(id).len());
                 for item in self.seq(id) {
-                    out.push(self.to_json(*item, max_depth - 1)?);
+                    out.push(self.to_json_limited(*item, max_depth - 1, budget)?);
                 }
                 serde_json::Value::Array(out)
             }
@@ -191,9 +204,11 @@ impl Document {
                 for (k, v) in self.dict(id) {
                     let key = match k {
                         Value::Str(s) => self.str(*s).to_owned(),
-                        other => self.to_json(*other, max_depth - 1)?.to_string(),
+                        other => self
+                            .to_json_limited(*other, max_depth - 1, budget)?
+                            .to_string(),
                     };
-                    out.insert(key, self.to_json(*v, max_depth - 1)?);
+                    out.insert(key, self.to_json_limited(*v, max_depth - 1, budget)?);
                 }
                 serde_json::Value::Object(out)
             }

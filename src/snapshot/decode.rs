@@ -8,6 +8,9 @@ use super::model::*;
 use super::trace::{Part, Trace};
 use crate::pickle::{DictId, Document, SeqId, StrId, Value};
 
+/// `allocator_settings` is a dict of a dozen values; far more once expanded is a memo bomb.
+const MAX_SETTINGS_VALUES: usize = 100_000;
+
 /// A schema error: where in the document, and what was wrong.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 #[error("{path}: {message}")]
@@ -105,6 +108,17 @@ fn schema(path: impl Into<String>, message: impl Into<String>) -> SchemaError {
         path: path.into(),
         message: message.into(),
     }
+}
+
+/// The same pickle object a second time where a snapshot has distinct ones.
+fn shared(path: String, first: String) -> SchemaError {
+    schema(
+        path,
+        format!(
+            "the same object as {first} again: a pickle that references one object many times \
+             (a memo bomb), not a memory snapshot"
+        ),
+    )
 }
 
 fn expected(path: impl Into<String>, what: &str, found: Value) -> SchemaError {
@@ -519,7 +533,22 @@ impl<'d> Decoder<'d> {
             Some(v) => self.doc.as_int(v).map(|i| i as f64),
             None => None,
         };
-        let raw = self.doc.to_json(v, 16).unwrap_or(serde_json::Value::Null);
+        // Kept whole as JSON, within a budget: shared lists nested in it could expand without
+        // end ("billion laughs").
+        let mut budget = MAX_SETTINGS_VALUES;
+        let raw = match self.doc.to_json_limited(v, 16, &mut budget) {
+            Some(json) => json,
+            None if budget == 0 => {
+                return Err(schema(
+                    "allocator_settings",
+                    format!(
+                        "more than {MAX_SETTINGS_VALUES} values once shared references are \
+                         expanded (a memo bomb, not allocator settings)"
+                    ),
+                ))
+            }
+            None => serde_json::Value::Null,
+        };
         Ok(AllocatorSettings {
             conf,
             expandable_segments,
@@ -637,7 +666,18 @@ pub(crate) fn decode_parts(
         let items = d.as_seq(sv, &|| "segments".to_owned())?;
         // Bounded: the count comes from the input (a memo bomb lists one segment millions of times).
         segments.reserve(items.len().min(1 << 16));
+        // A segment is one dict: the same dict listed again is a memo bomb (one object
+        // referenced millions of times), not a snapshot; copying it each time would not end.
+        let mut seen: FxHashMap<DictId, usize> = FxHashMap::default();
         for (i, item) in items.iter().enumerate() {
+            if let Value::Dict(id) = item {
+                if let Some(first) = seen.insert(*id, i) {
+                    return Err(shared(
+                        format!("segments[{i}]"),
+                        format!("segments[{first}]"),
+                    ));
+                }
+            }
             segments.push(d.segment(*item, &|| format!("segments[{i}]"))?);
         }
     }
@@ -645,7 +685,18 @@ pub(crate) fn decode_parts(
     let mut device_traces = Vec::new();
     if let Some(tv) = traces_value {
         let devices = d.as_seq(tv, &|| "device_traces".to_owned())?;
+        // Each trace list and each entry is its own object (as for segments above).
+        let mut lists_seen: FxHashMap<SeqId, usize> = FxHashMap::default();
+        let mut entries_seen: FxHashMap<DictId, (usize, usize)> = FxHashMap::default();
         for (dev, trace) in devices.iter().enumerate() {
+            if let Value::List(id) | Value::Tuple(id) = trace {
+                if let Some(first) = lists_seen.insert(*id, dev) {
+                    return Err(shared(
+                        format!("device_traces[{dev}]"),
+                        format!("device_traces[{first}]"),
+                    ));
+                }
+            }
             if let Value::List(id) = trace {
                 if let Some(t) = preset(*id) {
                     device_traces.push(t);
@@ -655,6 +706,14 @@ pub(crate) fn decode_parts(
             let entries = d.as_seq(*trace, &|| format!("device_traces[{dev}]"))?;
             let mut part = Part::default();
             for (i, e) in entries.iter().enumerate() {
+                if let Value::Dict(id) = e {
+                    if let Some((fd, fi)) = entries_seen.insert(*id, (dev, i)) {
+                        return Err(shared(
+                            format!("device_traces[{dev}][{i}]"),
+                            format!("device_traces[{fd}][{fi}]"),
+                        ));
+                    }
+                }
                 part.push(&d.trace_entry(*e, &|| format!("device_traces[{dev}][{i}]"))?);
             }
             let mut out = Trace::new();

@@ -21,8 +21,9 @@ use crate::pickle::PickleError;
 pub enum LoadError {
     #[error(transparent)]
     Input(#[from] InputError),
-    #[error("{file}: {source}")]
-    Schema { file: String, source: SchemaError },
+    // The schema error is part of the message, not a `source()` (`{:#}` would repeat it).
+    #[error("{file}: {error}")]
+    Schema { file: String, error: SchemaError },
     /// A pickle cut short; `hint` adds "; try --salvage" (for commands that have it).
     #[error("{file}: {error}{}", if *hint { "; try --salvage" } else { "" })]
     Truncated {
@@ -115,9 +116,9 @@ fn sequential(
     opts: LoadOptions,
     progress: &mut crate::progress::Loading,
 ) -> Result<(Snapshot, Option<PickleError>), LoadError> {
-    let schema = |source| LoadError::Schema {
+    let schema = |error| LoadError::Schema {
         file: name.to_owned(),
-        source,
+        error,
     };
     match input::decode_document_with(name, bytes, progress) {
         Ok(doc) => {
@@ -125,16 +126,16 @@ fn sequential(
             Ok((decode(&doc).map_err(schema)?, None))
         }
         Err(InputError::Pickle {
-            source: error @ PickleError::Truncated { .. },
+            error: error @ PickleError::Truncated { .. },
             ..
         }) => {
             if !opts.salvage {
                 return Err(truncated(name, error, opts));
             }
             let (doc, cut) =
-                crate::pickle::parse_salvage(bytes).map_err(|source| InputError::Pickle {
+                crate::pickle::parse_salvage(bytes).map_err(|error| InputError::Pickle {
                     path: name.to_owned(),
-                    source,
+                    error,
                 })?;
             Ok((decode(&doc).map_err(schema)?, cut))
         }

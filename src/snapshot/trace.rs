@@ -124,6 +124,7 @@ impl Part {
         }
     }
 
+    #[inline]
     pub fn get(&self, i: usize) -> TraceEntry {
         let r = self.rows[i];
         let m = self.metas[r.meta as usize];

@@ -412,9 +412,8 @@ fn shared_segment_prefix() -> Vec<u8> {
 }
 
 /// Found by these tests: the decoder copies a segment (and its 1000 blocks) once per reference,
-/// so 5 MB of input asks for 10^9 blocks (out of memory). See the report of this work.
+/// so 5 MB of input asks for 10^9 blocks (out of memory).
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn memo_bomb_segment_referenced_a_million_times() {
     let data = cat(&[
         &shared_segment_prefix(),
@@ -445,7 +444,6 @@ fn shared_entry_prefix() -> Vec<u8> {
 /// Found by these tests: one trace list of 200,000 entries shared by 1000 devices is decoded
 /// 1000 times (2 × 10^8 entries from 1 MB: out of time and memory).
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn memo_bomb_trace_list_shared_by_a_thousand_devices() {
     let mut traces = b"]".to_vec();
     traces.push(MEMOIZE); // memo 1: the shared trace list
@@ -467,7 +465,6 @@ fn memo_bomb_trace_list_shared_by_a_thousand_devices() {
 /// Found by these tests: one entry dict referenced 2 million times becomes 2 million entries
 /// (exit 0 with a report, about 260 MB): references must be counted, not copied.
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn memo_bomb_trace_entry_referenced_two_million_times() {
     let data = cat(&[
         &shared_entry_prefix(),
@@ -484,7 +481,6 @@ fn memo_bomb_trace_entry_referenced_two_million_times() {
 /// levels of lists, each holding 100 references to the level below, is 7 KB of input and 10^28
 /// nodes once expanded.
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn memo_bomb_nested_lists_in_allocator_settings() {
     let mut data = PROTO4.to_vec();
     data.extend_from_slice(b"]");
@@ -510,7 +506,6 @@ fn memo_bomb_nested_lists_in_allocator_settings() {
 /// Found by these tests: memo indices 2^20 apart make the reader grow its dense memo table by
 /// 2^20 slots per 5-byte opcode (4000 opcodes: 20 KB of input, gigabytes of memory).
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn memo_indices_far_apart_do_not_allocate_the_gaps() {
     let mut data = PROTO4.to_vec();
     data.extend_from_slice(b"]");
@@ -570,7 +565,6 @@ fn a_million_nested_lists_give_a_schema_error() {
 /// Found by these tests: STOP with a million MARKs still open is accepted (the top of the
 /// stack becomes the root) and the CLI reports "nothing to report" with exit 0.
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn stop_with_a_million_unclosed_marks_is_an_error() {
     let n = 1_000_000;
     let data = cat(&[PROTO4, &repeat(b"(]", n), b"."]);
@@ -725,7 +719,6 @@ fn negative_sizes_are_errors_naming_the_field() {
 /// Found by these tests: every pickle and schema error is printed twice
 /// (`file: invalid pickle at byte 2: …: invalid pickle at byte 2: …`).
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn error_messages_do_not_repeat_themselves() {
     let data = cat(&[PROTO4, b"}(", &text("segments")]);
     let run = expect_error("cut.pickle", &data, &["truncated at byte"]);
@@ -828,7 +821,6 @@ fn regression_replay_block_size_correction_overflow() {
 /// PROTO 4, FRAME 2^60, EMPTY_LIST, STOP) gives a report ("nothing to report", exit 0) where
 /// the sequential reader, like CPython, says it is truncated.
 #[test]
-#[ignore = "open finding of the hostile-input suite: the parallel reader exceeds the memory/time bound or mis-reads this input; see the issue notes"]
 fn regression_parallel_reader_ignores_frame_length() {
     let path =
         common::root().join("tests/regressions/fuzz-parallel-reader-ignores-frame-length.pickle");
@@ -848,7 +840,6 @@ fn regression_parallel_reader_ignores_frame_length() {
 /// the sequential reader names the path, the parallel reader accepts the file. Built from the
 /// fixture at run time (the input is 160 kB).
 #[test]
-#[ignore = "open finding: the parallel reader accepts a dict as a trace entry's frames where the sequential reader names the path; see the issue notes"]
 fn regression_parallel_reader_accepts_a_frame_dict_as_frames() {
     let mut data = std::fs::read(common::fixture("synth/truncated.pickle")).expect("fixture");
     // LONG_BINGET 3121 (the entry's frames list) becomes LONG_BINGET 3122 (its first frame).

@@ -927,7 +927,12 @@ impl<'a, 'c> Vm<'a, 'c> {
 
     fn entry_body(&mut self, data: &'a [u8], mut p: usize) -> R<Option<usize>> {
         let dict_slot = self.memo.len();
-        self.memo.push(LVal::None);
+        // The entry's own memo slot: fetching it (a dict holding itself) is refused, as every
+        // fetch of a trace entry is.
+        self.memo.push(LVal::Rec {
+            src: self.src,
+            row: NONE_U32,
+        });
         self.memo_next += 1;
         let mut f: [Option<LVal>; 9] = [None; 9];
         loop {
