@@ -1,10 +1,11 @@
-//! Throughput of the reader and of the replay, in input bytes per second, on the largest real
+//! Throughput of the reader, the replay and the whole report, in input bytes per second, on the largest real
 //! fixture (3.9 MB, 22k trace entries with stacks). Run with `cargo bench --features bench`;
 //! `bench/run.sh` measures whole commands on 10 MB – 1 GB files.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 use snapscan::analysis::replay::replay_device;
+use snapscan::analysis::report::{device_report, ReportOptions};
 use snapscan::snapshot;
 
 const FIXTURE: &str =
@@ -47,5 +48,22 @@ fn replay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, reader, replay);
+fn report(c: &mut Criterion) {
+    let data = data();
+    let snap = snapshot::load_bytes("f", &data).expect("fixture loads");
+    let options = ReportOptions::default();
+    let mut g = c.benchmark_group("report");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.bench_function("device_report (every device)", |b| {
+        b.iter(|| {
+            snap.devices()
+                .into_iter()
+                .map(|d| device_report(&snap, d, &options).window.events)
+                .sum::<u64>()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, reader, replay, report);
 criterion_main!(benches);

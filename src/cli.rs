@@ -312,12 +312,15 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             svg,
             salvage,
         } => {
+            let mut timer = crate::timing::Timer::new();
             let loaded = load_all_salvage(&files, salvage)?;
+            timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
                 ..Default::default()
             };
             let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
+            timer.lap("analysis");
             let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
             let report = crate::report::Report {
                 schema_version: SCHEMA_VERSION,
@@ -342,6 +345,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                         .into_bytes()
                 }
             };
+            timer.lap("render");
             if format == Format::Text {
                 for p in &pictures {
                     bytes.extend(

@@ -13,4 +13,5 @@ pub mod progress;
 pub mod render;
 pub mod report;
 pub mod snapshot;
+mod timing;
 pub mod units;

@@ -12,3 +12,4 @@ pub mod quality;
 pub mod replay;
 pub mod report;
 pub mod stats;
+pub mod summary;

@@ -7,8 +7,12 @@
 //! allocations in a run that records stacks are backward. Frees carry no evidence of their own
 //! (at context level "alloc" they repeat the allocation's stack) and take the phase around them.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::summary::piece_entries;
 use crate::snapshot::{Action, Interner, Snapshot, StackId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -22,7 +26,21 @@ pub enum Phase {
     Unknown,
 }
 
+/// In the per-stack cache of `find_phases`: not looked at yet / no phase; else `Phase as u8`.
+const STACK_UNSEEN: u8 = u8::MAX;
+const STACK_NO_PHASE: u8 = u8::MAX - 1;
+
 impl Phase {
+    /// Every phase, in declaration order (`Phase::ALL[p as usize] == p`).
+    const ALL: [Phase; 6] = [
+        Phase::Load,
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::Eval,
+        Phase::Unknown,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Phase::Load => "load",
@@ -251,50 +269,80 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     let has_stacks = snapshot.has_stacks();
     let ranges = annotated_ranges(snapshot, device);
     let mut evidence: Vec<Option<(Phase, Source)>> = vec![None; trace.len()];
-    let mut cache: rustc_hash::FxHashMap<StackId, Option<Phase>> = Default::default();
-    let mut range_idx = 0;
-    for (i, e) in trace.iter().enumerate() {
-        // Annotated time ranges cover every event inside them, frees included.
-        if let Some(t) = e.time_us {
+    // Annotated time ranges cover every event inside them, frees included (in order: the
+    // cursor follows the time).
+    if !ranges.is_empty() {
+        let mut range_idx = 0;
+        for (i, e) in trace.iter().enumerate() {
+            let Some(t) = e.time_us else { continue };
             while range_idx < ranges.len() && ranges[range_idx].1 < t {
                 range_idx += 1;
             }
             if let Some(&(start, end, phase)) = ranges.get(range_idx) {
                 if start <= t && t <= end {
                     evidence[i] = Some((phase, Source::Annotation));
-                    continue;
                 }
             }
         }
-        if let Some(p) = e
-            .user_metadata
-            .and_then(|m| phase_from_metadata(interner.get_text(m)))
-        {
-            evidence[i] = Some((p, Source::UserMetadata));
-            continue;
-        }
-        if !matches!(
-            e.action,
-            Action::Alloc | Action::SegmentAlloc | Action::SegmentMap | Action::Oom
-        ) {
-            continue;
-        }
-        let from_frames = *cache
-            .entry(e.frames)
-            .or_insert_with(|| phase_from_frames(interner, e.frames));
-        evidence[i] = match from_frames {
-            Some(p) => Some((p, Source::Frames)),
-            // A frameless allocation in a run that records Python stacks comes from autograd's
-            // backward thread. Segment events repeat the stack of the malloc that needed them.
-            None if has_stacks
-                && e.frames == StackId::EMPTY
-                && e.action != Action::SegmentAlloc =>
-            {
-                Some((Phase::Backward, Source::Position))
-            }
-            None => None,
-        };
     }
+    // Metadata and frames say something of each event alone: on every core, with the phase of
+    // each stack found once (benign races: two threads may both work it out).
+    let stack_phase: Vec<AtomicU8> = (0..interner.stack_count())
+        .map(|_| AtomicU8::new(STACK_UNSEEN))
+        .collect();
+    let phase_of_stack = |id: StackId| -> Option<Phase> {
+        let Some(cell) = stack_phase.get(id.0 as usize) else {
+            return phase_from_frames(interner, id);
+        };
+        match cell.load(Ordering::Relaxed) {
+            STACK_UNSEEN => {
+                let p = phase_from_frames(interner, id);
+                cell.store(p.map_or(STACK_NO_PHASE, |p| p as u8), Ordering::Relaxed);
+                p
+            }
+            STACK_NO_PHASE => None,
+            k => Some(Phase::ALL[k as usize]),
+        }
+    };
+    let piece = piece_entries(); // read once: the evidence and the trace are cut alike
+    evidence
+        .par_chunks_mut(piece)
+        .zip(trace.pieces(piece))
+        .for_each(|(evidence, piece)| {
+            let start = piece.start;
+            trace.for_each_core(piece, |i, e| {
+                let ev = &mut evidence[i - start];
+                if ev.is_some() {
+                    return;
+                }
+                if let Some(p) = e
+                    .user_metadata
+                    .and_then(|m| phase_from_metadata(interner.get_text(m)))
+                {
+                    *ev = Some((p, Source::UserMetadata));
+                    return;
+                }
+                if !matches!(
+                    e.action,
+                    Action::Alloc | Action::SegmentAlloc | Action::SegmentMap | Action::Oom
+                ) {
+                    return;
+                }
+                *ev = match phase_of_stack(e.frames) {
+                    Some(p) => Some((p, Source::Frames)),
+                    // A frameless allocation in a run that records Python stacks comes from
+                    // autograd's backward thread. Segment events repeat the stack of the
+                    // malloc that needed them.
+                    None if has_stacks
+                        && e.frames == StackId::EMPTY
+                        && e.action != Action::SegmentAlloc =>
+                    {
+                        Some((Phase::Backward, Source::Position))
+                    }
+                    None => None,
+                };
+            });
+        });
 
     // Events without evidence take the phase of the last evidence before them; events before
     // the first evidence take the first one.

@@ -12,11 +12,12 @@
 //! Frees of allocations made before the trace window are not a quality problem (the ring buffer
 //! wrapped, or recording started late): the notes and `window.unmatched_frees` cover them.
 
-use rustc_hash::FxHashMap;
+use rayon::prelude::*;
 
 use super::replay::{round_size, Curve, DeviceReplay};
+use super::summary::{piece_entries, TraceSummary};
 use crate::report::QualityWarning;
-use crate::snapshot::{Action, BlockState, Layout, Segment, Snapshot};
+use crate::snapshot::{Action, BlockState, Layout, Segment, Snapshot, Trace, TraceCore};
 use crate::units::format_bytes;
 
 /// Sizes above this (256 TiB) exceed any device memory: a corrupt value, or a negative number
@@ -93,6 +94,51 @@ impl Tally {
     }
 }
 
+/// How many trace entries match, and the first (by index).
+struct Matches {
+    count: u64,
+    first: Option<usize>,
+}
+
+impl Matches {
+    fn tally(self, describe: impl FnOnce(usize) -> String) -> Tally {
+        Tally {
+            count: self.count,
+            first: self.first.map(describe),
+        }
+    }
+}
+
+/// Counts the entries of `trace` that match, on every core.
+fn count_events(trace: &Trace, matches: impl Fn(&TraceCore) -> bool + Sync) -> Matches {
+    trace
+        .pieces(piece_entries())
+        .into_par_iter()
+        .map(|piece| {
+            let mut m = Matches {
+                count: 0,
+                first: None,
+            };
+            trace.for_each_core(piece, |i, e| {
+                if matches(&e) {
+                    m.count += 1;
+                    m.first.get_or_insert(i);
+                }
+            });
+            m
+        })
+        .reduce(
+            || Matches {
+                count: 0,
+                first: None,
+            },
+            |a, b| Matches {
+                count: a.count + b.count,
+                first: a.first.or(b.first),
+            },
+        )
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     if n == 1 {
         format!("1 {one}")
@@ -101,22 +147,41 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     }
 }
 
+/// The checks that read the whole trace but not the replay (they run beside it).
+pub struct TraceChecks {
+    implausible_sizes: Option<QualityWarning>,
+    addresses_outside_segments: Option<QualityWarning>,
+}
+
+/// Runs the [`TraceChecks`] of one device on every core.
+pub fn trace_checks(snapshot: &Snapshot, device: i64, summary: &TraceSummary) -> TraceChecks {
+    let segments: Vec<&Segment> = snapshot.segments_of(device).collect();
+    TraceChecks {
+        implausible_sizes: implausible_trace_sizes(snapshot, device, summary),
+        addresses_outside_segments: addresses_outside_segments(
+            snapshot, device, &segments, summary,
+        ),
+    }
+}
+
 /// Every check, for one device, in a stable order.
 pub fn device_quality(
     snapshot: &Snapshot,
     device: i64,
     replay: &DeviceReplay,
+    trace: TraceChecks,
 ) -> Vec<QualityWarning> {
     let segments: Vec<&Segment> = snapshot.segments_of(device).collect();
     let mut out = Vec::new();
     out.extend(device_out_of_range(snapshot, device, segments.len()));
-    out.extend(implausible_sizes(snapshot, device, &segments));
+    out.extend(implausible_dump_sizes(&segments));
+    out.extend(trace.implausible_sizes);
     out.extend(duplicate_and_overlapping_segments(&segments));
     out.extend(blocks_within_segments(&segments));
     out.extend(segment_sums(&segments));
     out.extend(unknown_block_states(&segments));
-    out.extend(double_frees(snapshot, device));
-    out.extend(addresses_outside_segments(snapshot, device, &segments));
+    out.extend(double_frees(replay));
+    out.extend(trace.addresses_outside_segments);
     out.extend(negative_levels(replay));
     out.extend(snapshot_markers(snapshot, device, replay));
     out
@@ -159,13 +224,8 @@ fn device_out_of_range(
     None
 }
 
-/// Sizes no device can hold (corrupt, or negative numbers written as unsigned).
-fn implausible_sizes(
-    snapshot: &Snapshot,
-    device: i64,
-    segments: &[&Segment],
-) -> Vec<QualityWarning> {
-    let mut out = Vec::new();
+/// Sizes no device can hold (corrupt, or negative numbers written as unsigned), in the dump.
+fn implausible_dump_sizes(segments: &[&Segment]) -> Option<QualityWarning> {
     let mut dump = Tally::default();
     for s in segments {
         if s.total_size > MAX_PLAUSIBLE_BYTES {
@@ -188,7 +248,7 @@ fn implausible_sizes(
         affects.extend(AFFECTS_CURVES);
         affects.sort_unstable();
         affects.dedup();
-        out.push(warning(
+        return Some(warning(
             "implausible_size",
             dump.count,
             format!(
@@ -200,17 +260,28 @@ fn implausible_sizes(
             &affects,
         ));
     }
-    let mut traced = Tally::default();
-    for (i, e) in snapshot.trace(device).iter().enumerate() {
-        let sized = !matches!(e.action, Action::Annotate | Action::Other);
-        if sized && e.size > MAX_PLAUSIBLE_BYTES {
-            traced.add(|| format!("event {i} ({}) has size {}", e.action.name(), e.size));
-        }
+    None
+}
+
+/// Trace entries with sizes no device can hold.
+fn implausible_trace_sizes(
+    snapshot: &Snapshot,
+    device: i64,
+    summary: &TraceSummary,
+) -> Option<QualityWarning> {
+    let trace = snapshot.trace(device);
+    let traced = Matches {
+        count: summary.implausible_sizes,
+        first: summary.first_implausible.map(|i| i as usize),
     }
-    if traced.count > 0 {
+    .tally(|i| {
+        let e = trace.at(i);
+        format!("event {i} ({}) has size {}", e.action.name(), e.size)
+    });
+    (traced.count > 0).then(|| {
         let mut affects = AFFECTS_CURVES.to_vec();
         affects.extend(["peak.reserved_bytes", "peak_reserved", "oom"]);
-        out.push(warning(
+        warning(
             "implausible_size",
             traced.count,
             format!(
@@ -225,9 +296,8 @@ fn implausible_sizes(
                 traced.first()
             ),
             &affects,
-        ));
-    }
-    out
+        )
+    })
 }
 
 /// Two segment dicts for one address range: the dump's totals count both, the layouts keep one.
@@ -467,24 +537,15 @@ fn unknown_block_states(segments: &[&Segment]) -> Option<QualityWarning> {
 
 /// `free_completed` of an address the trace already freed, with no `alloc` in between: the
 /// replay takes each for an allocation made before the window, alive from the start.
-fn double_frees(snapshot: &Snapshot, device: i64) -> Option<QualityWarning> {
-    // Address → freed (true) or allocated (false) by the last event that touched it.
-    let mut last: FxHashMap<u64, bool> = FxHashMap::default();
-    let mut t = Tally::default();
-    let mut bytes = 0u64;
-    for (i, e) in snapshot.trace(device).iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                last.insert(e.addr, false);
-            }
-            // The guard records the free either way; it matches only a repeated free.
-            Action::FreeCompleted if last.insert(e.addr, true) == Some(true) => {
-                t.add(|| format!("event {i} frees {:#x} again", e.addr));
-                bytes = bytes.saturating_add(e.size);
-            }
-            _ => {}
-        }
-    }
+fn double_frees(replay: &DeviceReplay) -> Option<QualityWarning> {
+    let found = &replay.double_frees;
+    let t = Tally {
+        count: found.count,
+        first: found
+            .first
+            .map(|(i, addr)| format!("event {i} frees {addr:#x} again")),
+    };
+    let bytes = found.bytes;
     (t.count > 0).then(|| {
         warning(
             "double_free",
@@ -507,17 +568,11 @@ fn addresses_outside_segments(
     snapshot: &Snapshot,
     device: i64,
     segments: &[&Segment],
+    summary: &TraceSummary,
 ) -> Option<QualityWarning> {
     let trace = snapshot.trace(device);
     let mut ranges: Vec<(u64, u64)> = segments.iter().map(|s| (s.address, s.end())).collect();
-    for e in trace.iter() {
-        if matches!(
-            e.action,
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
-        ) {
-            ranges.push((e.addr, e.addr.saturating_add(e.size)));
-        }
-    }
+    ranges.extend_from_slice(&summary.segment_ranges);
     if ranges.is_empty() {
         return None; // nothing to compare with (a trace recorded without segment events)
     }
@@ -533,16 +588,16 @@ fn addresses_outside_segments(
         let i = merged.partition_point(|&(start, _)| start <= addr);
         i > 0 && addr < merged[i - 1].1
     };
-    let mut t = Tally::default();
-    for (i, e) in trace.iter().enumerate() {
-        if matches!(
+    let t = count_events(trace, |e| {
+        matches!(
             e.action,
             Action::Alloc | Action::FreeRequested | Action::FreeCompleted
         ) && !inside(e.addr)
-        {
-            t.add(|| format!("event {i} ({}) at {:#x}", e.action.name(), e.addr));
-        }
-    }
+    })
+    .tally(|i| {
+        let e = trace.at(i);
+        format!("event {i} ({}) at {:#x}", e.action.name(), e.addr)
+    });
     (t.count > 0).then(|| {
         warning(
             "address_outside_segments",

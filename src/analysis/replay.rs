@@ -53,6 +53,8 @@ impl Allocation {
 }
 
 const NONE: u32 = u32::MAX;
+/// In the replay's address map: the address was freed (index `NONE`, this as its bytes).
+const FREED: u64 = 1;
 
 fn opt(v: u32) -> Option<u32> {
     (v != NONE).then_some(v)
@@ -517,6 +519,17 @@ pub struct DeviceReplay {
     /// Σ segment bytes (segment_alloc/free/map/unmap).
     pub reserved: Curve,
     pub window: WindowStart,
+    /// `free_completed` of addresses the trace had already freed (no `alloc` in between).
+    pub double_frees: DoubleFrees,
+}
+
+/// Repeated frees of one address, found by the replay (`analysis::quality` reports them).
+#[derive(Clone, Debug, Default)]
+pub struct DoubleFrees {
+    pub count: u64,
+    pub bytes: u64,
+    /// The first: (event, address).
+    pub first: Option<(u32, u64)>,
 }
 
 /// PyTorch's default request rounding (`round_size` without power-of-two divisions).
@@ -533,10 +546,15 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let n = trace.len();
     let mut allocs = Allocations {
         trace: trace.clone(),
+        // At most one per event. Reserved whole: growing a vector this big moves it (mremap)
+        // and stalls the other cores (TLB shootdowns); untouched pages cost no memory.
+        events: Vec::with_capacity(n),
         ..Allocations::default()
     };
-    // Open allocations by address: (index, requested bytes).
+    // Allocations by address: (index, requested bytes) while open; index `NONE` once freed,
+    // so that a second free of the address is seen without a second map.
     let mut open: FxHashMap<u64, (u32, u64)> = FxHashMap::default();
+    let mut double_frees = DoubleFrees::default();
     let mut window = WindowStart::default();
     // Changes per event; levels are computed once the start levels are known.
     let mut requested = Deltas::new(n);
@@ -559,20 +577,22 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         ad.add(i, signed(round_size(bytes)).saturating_neg());
     };
 
-    for (i, e) in trace.iter().enumerate() {
+    trace.for_each_core(0..n, |i, e| {
         match e.action {
             Action::Alloc => {
-                if let Some(old) = open.remove(&e.addr) {
-                    window.lost_frees += 1;
-                    close(&mut allocs.events, old, i, &mut requested, &mut allocated);
+                let idx = allocs.events.len() as u32;
+                if let Some(old) = open.insert(e.addr, (idx, e.size)) {
+                    if old.0 != NONE {
+                        window.lost_frees += 1;
+                        close(&mut allocs.events, old, i, &mut requested, &mut allocated);
+                    }
                 }
                 requested.add(i, signed(e.size));
                 allocated.add(i, signed(round_size(e.size)));
-                open.insert(e.addr, (allocs.events.len() as u32, e.size));
                 allocs.events.push([i as u32, NONE, NONE]);
             }
             Action::FreeRequested => match open.get(&e.addr) {
-                Some(&(idx, _)) => {
+                Some(&(idx, _)) if idx != NONE => {
                     let r = &mut allocs.events[idx as usize][1];
                     if *r == NONE {
                         *r = i as u32;
@@ -580,13 +600,22 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 }
                 // Allocated before the window; counted once its free completes (as MemoryViz
                 // does: a lone free_requested is not an allocation event).
-                None => {
+                _ => {
                     unmatched_requests.entry(e.addr).or_insert(i as u32);
                 }
             },
-            Action::FreeCompleted => match open.remove(&e.addr) {
-                Some(old) => close(&mut allocs.events, old, i, &mut requested, &mut allocated),
-                None => {
+            Action::FreeCompleted => {
+                let slot = open.entry(e.addr).or_insert((NONE, 0));
+                if slot.0 != NONE {
+                    let old = std::mem::replace(slot, (NONE, FREED));
+                    close(&mut allocs.events, old, i, &mut requested, &mut allocated);
+                } else {
+                    if slot.1 == FREED {
+                        double_frees.count += 1;
+                        double_frees.bytes = double_frees.bytes.saturating_add(e.size);
+                        double_frees.first.get_or_insert((i as u32, e.addr));
+                    }
+                    slot.1 = FREED;
                     // Allocated before the window: alive from the start until this free.
                     window.unmatched_frees += 1;
                     requested_start = requested_start.saturating_add(signed(e.size));
@@ -602,7 +631,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                         &mut allocated,
                     );
                 }
-            },
+            }
             Action::SegmentAlloc | Action::SegmentMap => {
                 reserved.add(i, signed(e.size));
                 known_segments.insert(e.addr);
@@ -615,7 +644,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             }
             _ => {}
         }
-    }
+    });
 
     // The dump's block table: exact sizes for survivors, and ghosts for blocks never traced.
     for seg in snapshot.segments_of(device) {
@@ -624,7 +653,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 continue;
             }
             match open.get(&b.address) {
-                Some(&(idx, bytes)) => {
+                Some(&(idx, bytes)) if idx != NONE => {
                     let exact = signed(b.size).saturating_sub(signed(round_size(bytes)));
                     if exact != 0 {
                         // Correct the estimate where it entered the curve.
@@ -636,7 +665,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     allocs.exact.insert(idx, b.size);
                     open.remove(&b.address);
                 }
-                None if b.state == BlockState::ActiveAllocated => {
+                _ if b.state == BlockState::ActiveAllocated => {
                     window.ghosts += 1;
                     requested_start = requested_start.saturating_add(signed(b.requested_size));
                     allocated_start = allocated_start.saturating_add(signed(b.size));
@@ -653,7 +682,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                         origin: Origin::Ghost,
                     });
                 }
-                None => {
+                _ => {
                     window.uncounted_pending_blocks += 1;
                     window.uncounted_pending_bytes =
                         window.uncounted_pending_bytes.saturating_add(b.size);
@@ -675,6 +704,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         allocated: allocated.into_curve(allocated_start),
         reserved: reserved.into_curve(reserved_start),
         window,
+        double_frees,
     }
 }
 

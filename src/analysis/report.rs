@@ -12,7 +12,7 @@ use super::phase::{find_phases, Phase, Phases};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
 use crate::report::*;
-use crate::snapshot::{Action, LoadedSnapshot, PoolKind, Snapshot, StackId};
+use crate::snapshot::{LoadedSnapshot, PoolKind, Snapshot, StackId};
 
 const SMALL_REQUEST_LIMIT: u64 = 1 << 20;
 
@@ -277,15 +277,23 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
 pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
     // The replay, the phases and the data-quality checks each read the whole trace: on big
     // traces they run side by side.
-    let (replay, phases) = rayon::join(
+    let mut timer = crate::timing::Timer::new();
+    let (replay, (phases, summary)) = rayon::join(
         || replay_device(snapshot, device),
-        || find_phases(snapshot, device),
+        || {
+            rayon::join(
+                || find_phases(snapshot, device),
+                || super::summary::summarize(snapshot, device),
+            )
+        },
     );
-    let (quality, mut report) = rayon::join(
-        || super::quality::device_quality(snapshot, device, &replay),
-        || device_report_with(snapshot, device, options, &replay, phases),
+    timer.lap("replay, phases and trace summary");
+    let (checks, mut report) = rayon::join(
+        || super::quality::trace_checks(snapshot, device, &summary),
+        || device_report_with(snapshot, device, options, &replay, phases, &summary),
     );
-    report.data_quality = quality;
+    report.data_quality = super::quality::device_quality(snapshot, device, &replay, checks);
+    timer.lap("the rest of the report");
     report
 }
 
@@ -296,6 +304,7 @@ fn device_report_with(
     options: &ReportOptions,
     replay: &DeviceReplay,
     phases: Phases,
+    summary: &super::summary::TraceSummary,
 ) -> DeviceReport {
     let trace = snapshot.trace(device);
     let (peak_requested, peak_event) = replay.requested.peak();
@@ -381,27 +390,25 @@ fn device_report_with(
             .collect(),
     };
 
-    let largest_request = trace
-        .iter()
-        .filter(|e| matches!(e.action, Action::Alloc | Action::Oom))
-        .map(|e| super::replay::round_size(e.size))
-        .max()
-        .unwrap_or(0);
-    let peak_layout = layout_at(
-        snapshot,
-        replay,
-        match peak_event {
-            Some(e) => Moment::After(e),
-            None => Moment::WindowStart,
+    let largest_request = summary.largest_request;
+    let (peak_layout, end_layout) = rayon::join(
+        || {
+            layout_at(
+                snapshot,
+                replay,
+                match peak_event {
+                    Some(e) => Moment::After(e),
+                    None => Moment::WindowStart,
+                },
+            )
         },
+        || layout_at(snapshot, replay, Moment::End),
     );
-    let end_layout = layout_at(snapshot, replay, Moment::End);
 
-    let oom: Vec<Oom> = trace
+    let oom: Vec<Oom> = summary
+        .ooms
         .iter()
-        .enumerate()
-        .filter(|(_, e)| e.action == Action::Oom)
-        .map(|(i, _)| oom_report(snapshot, replay, &phases, i as u32))
+        .map(|&i| oom_report(snapshot, replay, &phases, i))
         .collect();
 
     let first_time = trace.iter().find_map(|e| e.time_us);

@@ -39,6 +39,17 @@ pub(crate) struct Row {
     pub time: u32,
 }
 
+/// The fields of a trace entry that the replay and most checks read, cheaper to get than a
+/// whole [`TraceEntry`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Core {
+    pub action: Action,
+    pub user_metadata: Option<TextId>,
+    pub addr: u64,
+    pub size: u64,
+    pub frames: StackId,
+}
+
 /// A run of entries with their shared tables.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Part {
@@ -152,6 +163,24 @@ impl Part {
             frames: StackId(r.stack),
             user_metadata: m.user_metadata,
             compile_context: m.compile_context,
+        }
+    }
+
+    /// What most passes read of row `i`: no time, stream or metadata lookups.
+    #[inline]
+    pub fn core(&self, i: usize) -> Core {
+        let r = &self.rows[i];
+        let m = &self.metas[r.meta as usize];
+        Core {
+            action: m.action,
+            user_metadata: m.user_metadata,
+            addr: r.addr,
+            size: if r.size == WIDE_SIZE {
+                side(&self.wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE))
+            } else {
+                u64::from(r.size)
+            },
+            frames: StackId(r.stack),
         }
     }
 
@@ -274,6 +303,41 @@ impl Trace {
 
     pub fn last(&self) -> Option<TraceEntry> {
         self.len.checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    /// The trace cut into index ranges of at most `size` entries (at least 1), in order: for
+    /// passes that run on every core (`par_iter` over the ranges, `range` in each).
+    pub fn pieces(&self, size: usize) -> Vec<Range<usize>> {
+        let size = size.max(1);
+        (0..self.len)
+            .step_by(size)
+            .map(|start| start..(start + size).min(self.len))
+            .collect()
+    }
+
+    /// Calls `f(index, core)` for the entries in `range` (clamped to the trace), in order.
+    #[inline]
+    pub fn for_each_core(&self, range: Range<usize>, mut f: impl FnMut(usize, Core)) {
+        let end = range.end.min(self.len);
+        let start = range.start.min(end);
+        if start == end {
+            return;
+        }
+        let first = match self.slices.binary_search_by_key(&start, |s| s.start) {
+            Ok(k) => k,
+            Err(k) => k - 1,
+        };
+        for s in &self.slices[first..] {
+            if s.start >= end {
+                break;
+            }
+            let lo = start.max(s.start);
+            let hi = end.min(s.start + s.rows.len());
+            let offset = s.rows.start + lo - s.start;
+            for k in 0..hi - lo {
+                f(lo + k, s.part.core(offset + k));
+            }
+        }
     }
 
     /// Every entry in order.
@@ -459,5 +523,29 @@ mod tests {
             entries[11..14].to_vec()
         );
         assert_eq!(t.at(29), entries[29]);
+        // The cheap accessor and the pieces see the same entries, across slice boundaries.
+        for range in [0..30, 5..25, 11..14, 29..40, 10..10] {
+            let mut seen = Vec::new();
+            t.for_each_core(range.clone(), |i, c| seen.push((i, c)));
+            let want: Vec<(usize, Core)> = entries
+                .iter()
+                .enumerate()
+                .skip(range.start)
+                .take(range.end.min(30).saturating_sub(range.start))
+                .map(|(i, e)| {
+                    let core = Core {
+                        action: e.action,
+                        user_metadata: e.user_metadata,
+                        addr: e.addr,
+                        size: e.size,
+                        frames: e.frames,
+                    };
+                    (i, core)
+                })
+                .collect();
+            assert_eq!(seen, want, "{range:?}");
+        }
+        assert_eq!(t.pieces(7), vec![0..7, 7..14, 14..21, 21..28, 28..30]);
+        assert_eq!(Trace::new().pieces(7), Vec::<Range<usize>>::new());
     }
 }

@@ -212,11 +212,20 @@ fn cut_and_mutated_inputs_never_read_differently() {
 }
 
 /// The parallel reader gives the same snapshot on one thread and on many (chunks are cut by
-/// size, not by thread count; ids are assigned in file order after the chunks ran).
+/// size, not by thread count; ids are assigned in file order after the chunks ran), and the
+/// report is the same whether its passes cut the trace into a few big pieces or many small
+/// ones (the fixtures are smaller than the default piece).
 #[test]
 fn one_thread_and_many_threads_read_the_same() {
-    for path in common::snapshot_fixtures() {
-        let data = read(&path);
+    let default_piece = snapscan::analysis::summary::piece_entries();
+    let whole: Vec<_> = common::snapshot_fixtures()
+        .iter()
+        .map(|path| snapshot::load_bytes_parallel_chunked(&read(path), 1).map(report_json))
+        .collect();
+    // Other tests may run while the pieces are small: their results must not change either.
+    snapscan::analysis::summary::set_piece_entries(7);
+    for (path, whole) in common::snapshot_fixtures().iter().zip(whole) {
+        let data = read(path);
         let run = |threads: usize| {
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -229,5 +238,11 @@ fn one_thread_and_many_threads_read_the_same() {
         };
         let one = run(1);
         assert!(one == run(4), "{}", path.display());
+        assert!(
+            one.map(|(_, report)| report) == whole,
+            "{}: the pieces change the report",
+            path.display()
+        );
     }
+    snapscan::analysis::summary::set_piece_entries(default_piece);
 }

@@ -26,6 +26,7 @@ use super::model::Snapshot;
 use super::trace::{Part, Trace};
 use crate::pickle::scan::{self, End};
 use crate::pickle::{DictId, Document, PickleError, SeqId, Value};
+use crate::timing::Timer;
 use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, Slot, Unsupported, Vm, R};
 
 /// Bytes per chunk: small enough to spread over the cores, large enough that little crosses.
@@ -63,44 +64,6 @@ pub fn load(
 /// structure crosses chunks).
 pub fn load_chunked(data: &[u8], chunk_bytes: usize, salvage: bool) -> Result<Loaded, Fail> {
     load_inner(data, &|_, _| {}, chunk_bytes.max(1), salvage)
-}
-
-/// Phase timings on stderr when `SNAPSCAN_TIMING` is set (for the benchmarks).
-pub(crate) struct Timer {
-    on: bool,
-    last: std::time::Instant,
-}
-
-impl Timer {
-    pub(crate) fn new() -> Timer {
-        Timer {
-            on: std::env::var_os("SNAPSCAN_TIMING").is_some(),
-            last: std::time::Instant::now(),
-        }
-    }
-
-    pub(crate) fn lap(&mut self, what: &str) {
-        if self.on {
-            let now = std::time::Instant::now();
-            // Resident memory now and at its peak (Linux).
-            let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-            let field = |name: &str| {
-                status
-                    .lines()
-                    .find(|l| l.starts_with(name))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .unwrap_or("?")
-                    .to_owned()
-            };
-            eprintln!(
-                "timing: {what}: {:.1} ms (rss {} kB, peak {} kB)",
-                (now - self.last).as_secs_f64() * 1e3,
-                field("VmRSS:"),
-                field("VmHWM:")
-            );
-            self.last = now;
-        }
-    }
 }
 
 fn load_inner(
