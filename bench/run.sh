@@ -10,7 +10,8 @@
 #
 # Needs: cargo, python3 (with venv), hyperfine, GNU time (/usr/bin/time). Writes, per size,
 # DATA_DIR/results/train<scale>.json (hyperfine) and .rss (peak RSS from /usr/bin/time -v), the
-# peaks each tool prints (peaks.txt) and a summary table (summary.md).
+# peaks each tool prints (peaks.txt), and the table and the speed targets
+# (summary.md, by bench/summarize.py).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -71,12 +72,31 @@ if [ "$PEERS" = 1 ]; then
         fi
     done
 fi
-HAVE_TORCH=0
+# PyTorch's own CLI, `python -m torch.cuda._memory_viz stats`: with torch when it imports; else
+# the same module file taken from the torch wheel on PyPI (its `stats` path uses only the
+# standard library: pickle.load, then a summary of the segments), run as a script.
+MEMVIZ=()
 if python3 -c "import torch" 2>/dev/null; then
-    HAVE_TORCH=1
-else
-    echo "torch: not installed, so python -m torch.cuda._memory_viz stats is not measured" >>"$NOTES"
+    MEMVIZ=(python3 -m torch.cuda._memory_viz)
+    echo "memory_viz: python3 -m torch.cuda._memory_viz (torch $(python3 -c 'import torch; print(torch.__version__)'))" >>"$NOTES"
+elif [ "$PEERS" = 1 ]; then
+    mkdir -p "$DATA/wheels" "$DATA/memviz"
+    if [ ! -f "$DATA/memviz/_memory_viz.py" ] &&
+        (cd "$DATA" && pip download --quiet --no-deps -d "$DATA/wheels" torch); then
+        wheel=$(ls "$DATA"/wheels/torch-*.whl | head -1)
+        python3 - "$wheel" "$DATA/memviz/_memory_viz.py" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    open(sys.argv[2], "wb").write(z.read("torch/cuda/_memory_viz.py"))
+PY
+        basename "$wheel" >"$DATA/memviz/FROM"
+    fi
+    if [ -f "$DATA/memviz/_memory_viz.py" ]; then
+        MEMVIZ=(python3 "$DATA/memviz/_memory_viz.py")
+        echo "memory_viz: torch/cuda/_memory_viz.py from $(cat "$DATA/memviz/FROM") run as a script (torch itself is not installed)" >>"$NOTES"
+    fi
 fi
+[ ${#MEMVIZ[@]} -gt 0 ] || echo "memory_viz: neither torch nor its wheel available, not measured" >>"$NOTES"
 
 # --- measurements ----------------------------------------------------------------------------
 # One run under /usr/bin/time -v: peak RSS (kB) and wall seconds, or "timeout"/"failed".
@@ -117,9 +137,9 @@ for s in $SIZES; do
         "$SERDE $f || true"
     )
     preps=("" "" "" "" "")
-    if [ "$HAVE_TORCH" = 1 ]; then
+    if [ ${#MEMVIZ[@]} -gt 0 ]; then
         names+=(memory-viz-stats)
-        cmds+=("python3 -m torch.cuda._memory_viz stats $f")
+        cmds+=("${MEMVIZ[*]} stats $f")
         preps+=("")
     fi
     if [ "$PEERS" = 1 ] && [ -x "$VENV/bin/pt-snap" ]; then
@@ -151,7 +171,8 @@ for s in $SIZES; do
         fi
         hf_args+=("${cmds[$i]}")
     done
-    hyperfine --warmup 1 --runs "$RUNS" --export-json "$base.json" --export-markdown "$base.md" \
+    # No warm-up run: the /usr/bin/time run above has just read the file into the page cache.
+    hyperfine --warmup 0 --runs "$RUNS" --export-json "$base.json" --export-markdown "$base.md" \
         "${hf_args[@]}"
 
     # The peaks each tool prints, side by side (a sanity check: same event, same bytes).
@@ -160,9 +181,10 @@ for s in $SIZES; do
         "$SNAPSCAN" report --format json "$f" | python3 -c "
 import json, sys
 d = json.load(sys.stdin)['files'][0]['devices'][0]
-p, a = d['peak'], d['peak_allocated']
-print('snapscan: requested {} B, blocks {} B at event {}; blocks peak {} B at event {}'.format(
-    p['requested_bytes'], p['allocated_bytes'], p['event_index'], a['bytes'], a['event_index']))"
+p, a, r = d['peak'], d['peak_allocated'], d['peak_reserved']
+print('snapscan: requested {} B, blocks {} B at event {}; blocks peak {} B at event {}; '
+      'reserved peak {} B at event {}'.format(p['requested_bytes'], p['allocated_bytes'],
+      p['event_index'], a['bytes'], a['event_index'], r['bytes'], r['event_index']))"
         if [ -x "$VENV/bin/pt-snap" ] && [ -f "$db/train$s.pickle.db" ]; then
             { HOME=$DATA/home "$VENV/bin/pt-snap" report peak-memory "$db/train$s.pickle.db" 2>/dev/null || true; } |
                 sed -n 's/^ *\(allocated\|active\|reserved\): \(.*\)/pt-snap \1: \2/p'
@@ -170,34 +192,21 @@ print('snapscan: requested {} B, blocks {} B at event {}; blocks peak {} B at ev
         if [ -x "$VENV/bin/ptmem" ]; then
             { "$VENV/bin/ptmem" -s "$f" 2>/dev/null || true; } | sed -n 's/^ *Peak: *\(.*\)/ptmem peak: \1/p'
         fi
+        if [ ${#MEMVIZ[@]} -gt 0 ]; then
+            # The dump's state (not a peak): compare with `snapscan stats`.
+            { "${MEMVIZ[@]}" stats "$f" 2>/dev/null || true; } |
+                sed -n 's/^total_\(reserved\|allocated\): \(.*\)/memory_viz \1 at the dump: \2/p'
+            "$SNAPSCAN" stats --format json "$f" | python3 -c "
+import json, sys
+t = json.load(sys.stdin)['files'][0]['total']
+# memory_viz's total_allocated is the sum of requested sizes.
+print('snapscan stats at the dump: reserved {} B, requested {} B'.format(t['reserved_bytes'], t['requested_bytes']))" || true
+        fi
         { "$SERDE" "$f" 2>&1 || true; } | head -1
     } | tee -a "$OUT/peaks.txt"
 done
 
 # --- summary ---------------------------------------------------------------------------------
-python3 - "$OUT" $SIZES <<'EOF'
-import json, os, sys
-out, sizes = sys.argv[1], sys.argv[2:]
-rows = []
-for s in sizes:
-    base = os.path.join(out, f"train{s}")
-    size = os.path.getsize(os.path.join(os.path.dirname(out), f"train{s}.pickle")) / 1e6
-    rss = {}
-    for line in open(base + ".rss"):
-        name, kb, rest = line.rstrip("\n").split("\t", 2)
-        rss[name] = kb
-    times = {}
-    if os.path.exists(base + ".json"):
-        for r in json.load(open(base + ".json"))["results"]:
-            times[r["command"]] = r["median"]
-    for name, kb in rss.items():
-        t = times.get(name)
-        mb = f"{int(kb) / 1024:.0f}" if kb.isdigit() else kb
-        rows.append((f"{size:.0f} MB", name, f"{t:.3f}" if t is not None else "-", mb))
-with open(os.path.join(out, "summary.md"), "w") as f:
-    f.write("| file | command | median s | peak RSS MB |\n|---|---|---:|---:|\n")
-    for r in rows:
-        f.write("| " + " | ".join(r) + " |\n")
-print(open(os.path.join(out, "summary.md")).read())
-EOF
+# One table of every command and size, and the speed targets with the figures behind them.
+python3 bench/summarize.py "$DATA"
 cat "$NOTES"

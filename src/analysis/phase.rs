@@ -31,8 +31,9 @@ const STACK_UNSEEN: u8 = u8::MAX;
 const STACK_NO_PHASE: u8 = u8::MAX - 1;
 
 impl Phase {
-    /// Every phase, in declaration order (`Phase::ALL[p as usize] == p`).
-    const ALL: [Phase; 6] = [
+    /// Every phase, in declaration order (`Phase::ALL[p as usize] == p`), the order of legends
+    /// and tooltips.
+    pub const ALL: [Phase; 6] = [
         Phase::Load,
         Phase::Forward,
         Phase::Backward,

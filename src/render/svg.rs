@@ -79,14 +79,7 @@ pub fn category_line(c: (Category, Confidence)) -> String {
 }
 
 /// Phases in the fixed order of legends and tooltips.
-pub const PHASES: [Phase; 6] = [
-    Phase::Load,
-    Phase::Forward,
-    Phase::Backward,
-    Phase::Optimizer,
-    Phase::Eval,
-    Phase::Unknown,
-];
+pub const PHASES: [Phase; 6] = Phase::ALL;
 
 /// Colours of the phase band (Paul Tol's muted scheme, apart from the category colours) and
 /// the colour of a label drawn on them.

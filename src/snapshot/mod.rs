@@ -65,11 +65,12 @@ pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadE
     let mut progress = crate::progress::Loading::new(&name);
     let (bytes, compression) = input::read_input_with(path, &mut progress)?;
     let decoded_bytes = bytes.len() as u64;
-    progress.phase("parsing", None);
     // The parallel reader takes what CPython writes; anything else goes the sequential way.
+    let done = progress.parallel_phase("parsing", decoded_bytes);
     let (mut snapshot, cut) = match fast::load(
         &bytes,
         &|start, end| bytes.release(start, end),
+        &done,
         opts.salvage,
     ) {
         Ok(loaded) => loaded,
@@ -182,7 +183,7 @@ pub fn load_bytes_parallel_with(
     opts: LoadOptions,
 ) -> Option<Result<Snapshot, LoadError>> {
     let r = if chunk_bytes == 0 {
-        fast::load(bytes, &|_, _| {}, opts.salvage)
+        fast::load(bytes, &|_, _| {}, &Default::default(), opts.salvage)
     } else {
         fast::load_chunked(bytes, chunk_bytes, opts.salvage)
     };
