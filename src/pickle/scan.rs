@@ -153,7 +153,7 @@ static FAST_LEN: [u8; 256] = {
     t[op::BININT as usize] = 5;
     t[op::LONG_BINGET as usize] = 5;
     t[op::BINFLOAT as usize] = 9;
-    t[op::FRAME as usize] = 9;
+    // FRAME goes the careful way: it must be one of the headers the hop found.
     t[op::LONG1 as usize] = VAR1;
     t[op::SHORT_BINUNICODE as usize] = VAR1;
     t
@@ -170,7 +170,7 @@ struct Cursor {
 
 impl Cursor {
     #[inline(always)]
-    fn step(&mut self, data: &[u8]) {
+    fn step(&mut self, data: &[u8], headers: &[usize]) {
         let p = self.pos;
         if p + 9 < self.end {
             let c = data[p];
@@ -188,11 +188,12 @@ impl Cursor {
                 }
             }
         }
-        self.careful(data);
+        self.careful(data, headers);
     }
 
+    /// `headers`: the positions of the FRAME headers between frames, in order.
     #[cold]
-    fn careful(&mut self, data: &[u8]) {
+    fn careful(&mut self, data: &[u8], headers: &[usize]) {
         let data = &data[..self.end];
         let pos = self.pos;
         if pos >= self.end {
@@ -203,6 +204,12 @@ impl Cursor {
             Step::Len(n) => {
                 match data[pos] {
                     op::MEMOIZE => self.w.memos += 1,
+                    // A FRAME inside a frame's body (CPython refuses a frame begun before the
+                    // end of the current one): the sequential reader says what is wrong.
+                    op::FRAME if headers.binary_search(&pos).is_err() => {
+                        self.w.unsupported = true;
+                        self.done = true;
+                    }
                     op::STOP => {
                         self.w.stop = Some(pos);
                         self.done = true;
@@ -228,7 +235,7 @@ impl Cursor {
 }
 
 /// Walks up to four ranges at once.
-fn walk_group(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
+fn walk_group(data: &[u8], headers: &[usize], ranges: &[(usize, usize)]) -> Vec<Walk> {
     let mut cs: Vec<Cursor> = ranges
         .iter()
         .map(|&(s, e)| Cursor {
@@ -240,15 +247,15 @@ fn walk_group(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
         .collect();
     if let [a, b, c, d] = cs.as_mut_slice() {
         while !(a.done || b.done || c.done || d.done) {
-            a.step(data);
-            b.step(data);
-            c.step(data);
-            d.step(data);
+            a.step(data, headers);
+            b.step(data, headers);
+            c.step(data, headers);
+            d.step(data, headers);
         }
     }
     for c in &mut cs {
         while !c.done {
-            c.step(data);
+            c.step(data, headers);
         }
     }
     cs.into_iter().map(|c| c.w).collect()
@@ -302,6 +309,7 @@ pub fn scan(
     }
     // Hop over the frame headers (sequential, one read per ~64 KiB).
     let mut units: Vec<(usize, usize)> = Vec::new();
+    let mut headers: Vec<usize> = Vec::new();
     let mut pos = 2;
     let mut header_cut = None;
     while pos < data.len() {
@@ -310,6 +318,7 @@ pub fn scan(
                 header_cut = Some(pos);
                 break;
             };
+            headers.push(pos);
             let body = pos + 9;
             if (body as u64).saturating_add(n)
                 > (data.len() as u64).saturating_add(super::reader::MAX_CUT_FRAME)
@@ -364,7 +373,7 @@ pub fn scan(
     let walks: Vec<Walk> = ranges
         .par_chunks(4)
         .flat_map_iter(|group| {
-            let w = walk_group(data, group);
+            let w = walk_group(data, &headers, group);
             for &(s, e) in group {
                 release(s, e);
             }
@@ -483,7 +492,7 @@ mod tests {
         let n = p.len();
         let ranges = [(11, 200), (200, 211), (211, 700), (700, n), (n, n)];
         for group in [&ranges[..], &ranges[..4], &ranges[1..]] {
-            let w = walk_group(&p, group);
+            let w = walk_group(&p, &[2], group);
             for (got, &(s, e)) in w.iter().zip(group.iter()) {
                 let want = walk(&p, s, e);
                 assert_eq!(

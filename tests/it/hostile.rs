@@ -851,6 +851,29 @@ fn regression_parallel_reader_ignores_frame_length() {
     }
 }
 
+/// Found by fuzzing (parallel_reader, differential, after the FRAME fix above): a FRAME opcode
+/// inside a frame's body, claiming 7.4 × 10^18 bytes. The sequential reader refuses it; the
+/// parallel one walked over it as a 9-byte opcode and gave a report.
+#[test]
+fn regression_parallel_reader_frame_inside_a_frame() {
+    let path =
+        common::root().join("tests/regressions/fuzz-parallel-reader-frame-inside-a-frame.pickle");
+    let data = std::fs::read(path).expect("regression input");
+    let want = "the FRAME there claims 7451309385787663464 bytes";
+    let err = snapshot::load_bytes_sequential("frame", &data)
+        .expect_err("the sequential reader refuses it")
+        .to_string();
+    assert!(err.contains(want), "{err}");
+    assert!(
+        snapshot::load_bytes_parallel(&data).is_none(),
+        "the parallel reader must leave it to the sequential one"
+    );
+    match snapshot::load_bytes("frame", &data) {
+        Ok(_) => panic!("load_bytes accepted a FRAME inside a frame"),
+        Err(e) => assert!(e.to_string().contains(want), "{e}"),
+    }
+}
+
 /// Found by fuzzing (parallel_reader, differential): one byte changed in a fixture makes a trace
 /// entry's `frames` a frame dict instead of a list (LONG_BINGET of the neighbouring memo slot);
 /// the sequential reader names the path, the parallel reader accepts the file. Built from the
