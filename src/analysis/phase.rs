@@ -269,7 +269,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     let interner = &snapshot.interner;
     let has_stacks = snapshot.has_stacks();
     let ranges = annotated_ranges(snapshot, device);
-    let mut evidence: Vec<Option<(Phase, Source)>> = vec![None; trace.len()];
+    // Evidence per event, written in place (`Source::None`: no evidence yet); the events
+    // without any take their phase from the evidence before them at the end.
+    let mut per_event: Vec<Phase> = vec![Phase::Unknown; trace.len()];
+    let mut source_per_event: Vec<Source> = vec![Source::None; trace.len()];
     // Annotated time ranges cover every event inside them, frees included (in order: the
     // cursor follows the time).
     if !ranges.is_empty() {
@@ -281,7 +284,8 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             }
             if let Some(&(start, end, phase)) = ranges.get(range_idx) {
                 if start <= t && t <= end {
-                    evidence[i] = Some((phase, Source::Annotation));
+                    per_event[i] = phase;
+                    source_per_event[i] = Source::Annotation;
                 }
             }
         }
@@ -306,21 +310,23 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         }
     };
     let piece = piece_entries(); // read once: the evidence and the trace are cut alike
-    evidence
+    per_event
         .par_chunks_mut(piece)
+        .zip(source_per_event.par_chunks_mut(piece))
         .zip(trace.pieces(piece))
-        .for_each(|(evidence, piece)| {
+        .for_each(|((phases, sources), piece)| {
             let start = piece.start;
             trace.for_each_core(piece, |i, e| {
-                let ev = &mut evidence[i - start];
-                if ev.is_some() {
+                let k = i - start;
+                if sources[k] != Source::None {
                     return;
                 }
                 if let Some(p) = e
                     .user_metadata
                     .and_then(|m| phase_from_metadata(interner.get_text(m)))
                 {
-                    *ev = Some((p, Source::UserMetadata));
+                    phases[k] = p;
+                    sources[k] = Source::UserMetadata;
                     return;
                 }
                 if !matches!(
@@ -329,7 +335,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                 ) {
                     return;
                 }
-                *ev = match phase_of_stack(e.frames) {
+                let evidence = match phase_of_stack(e.frames) {
                     Some(p) => Some((p, Source::Frames)),
                     // A frameless allocation in a run that records Python stacks comes from
                     // autograd's backward thread. Segment events repeat the stack of the
@@ -342,21 +348,26 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                     }
                     None => None,
                 };
+                if let Some((p, s)) = evidence {
+                    phases[k] = p;
+                    sources[k] = s;
+                }
             });
         });
 
     // Events without evidence take the phase of the last evidence before them; events before
     // the first evidence take the first one.
-    let first = evidence.iter().flatten().next().copied();
-    let mut per_event = Vec::with_capacity(trace.len());
-    let mut source_per_event = Vec::with_capacity(trace.len());
+    let first = source_per_event
+        .iter()
+        .position(|&s| s != Source::None)
+        .map(|i| (per_event[i], source_per_event[i]));
     let mut current = first.unwrap_or((Phase::Unknown, Source::None));
-    for ev in &evidence {
-        if let Some(x) = ev {
-            current = *x;
+    for (p, s) in per_event.iter_mut().zip(source_per_event.iter_mut()) {
+        if *s == Source::None {
+            (*p, *s) = current;
+        } else {
+            current = (*p, *s);
         }
-        per_event.push(current.0);
-        source_per_event.push(current.1);
     }
 
     // Intervals and step numbers: a new step starts at a forward phase that follows a backward or

@@ -228,10 +228,23 @@ struct Deltas {
 }
 
 impl Deltas {
+    /// Empty, with room for `n` events (filled by [`push`](Self::push), in event order:
+    /// written once, not zeroed first and then read back).
     fn new(n: usize) -> Deltas {
         Deltas {
-            dense: vec![0; n],
+            dense: Vec::with_capacity(n),
             wide: FxHashMap::default(),
+        }
+    }
+
+    /// The change of the next event.
+    fn push(&mut self, v: i64) {
+        match i32::try_from(v) {
+            Ok(d) if d != WIDE => self.dense.push(d),
+            _ => {
+                self.wide.insert(self.dense.len() as u32, v);
+                self.dense.push(WIDE);
+            }
         }
     }
 
@@ -259,40 +272,71 @@ impl Deltas {
         }
     }
 
-    fn sum(&self) -> i64 {
-        (0..self.dense.len()).fold(0i64, |s, i| s.saturating_add(self.get(i)))
-    }
-
     fn into_curve(self, start: i64) -> Curve {
         let len = self.dense.len();
         let changes = self.dense.iter().filter(|&&d| d != 0).count();
-        let mut c = Curve {
-            start,
-            len,
-            ..Curve::default()
-        };
         if changes * 4 < len {
             // Sparse (reserved memory changes only at segment events).
-            c.sparse = (0..len)
+            let sparse = (0..len)
                 .filter(|&i| self.dense[i] != 0)
                 .map(|i| (i as u32, self.get(i)))
                 .collect();
-        } else {
-            let mut wide: Vec<(u32, i64)> = self.wide.into_iter().collect();
-            wide.sort_unstable();
-            c.deltas = self.dense;
-            c.wide = wide;
+            return Curve::sparse(start, len, sparse);
         }
-        let mut level = start;
-        let mut checkpoints = Vec::with_capacity(len / STEP + 1);
-        for (i, d) in c.changes(0).enumerate() {
+        let mut wide: Vec<(u32, i64)> = self.wide.into_iter().collect();
+        wide.sort_unstable();
+        let mut c = Curve {
+            start,
+            len,
+            deltas: self.dense,
+            wide,
+            ..Curve::default()
+        };
+        c.checkpoints = c.compute_checkpoints();
+        c
+    }
+}
+
+impl Curve {
+    /// A curve of `len` events that changes only at the events of `changes` (ascending, no
+    /// zeros); dense storage when more than a quarter of the events change.
+    fn from_changes(start: i64, len: usize, changes: Vec<(u32, i64)>) -> Curve {
+        if changes.len() * 4 < len {
+            return Curve::sparse(start, len, changes);
+        }
+        let mut deltas = Deltas::new(len);
+        let mut next = changes.into_iter().peekable();
+        for i in 0..len {
+            match next.next_if(|&(e, _)| e as usize == i) {
+                Some((_, d)) => deltas.push(d),
+                None => deltas.push(0),
+            }
+        }
+        deltas.into_curve(start)
+    }
+
+    fn sparse(start: i64, len: usize, sparse: Vec<(u32, i64)>) -> Curve {
+        let mut c = Curve {
+            start,
+            len,
+            sparse,
+            ..Curve::default()
+        };
+        c.checkpoints = c.compute_checkpoints();
+        c
+    }
+
+    /// Level after `k * STEP` events, for every k.
+    fn compute_checkpoints(&self) -> Vec<i64> {
+        let mut level = self.start;
+        let mut checkpoints = Vec::with_capacity(self.len / STEP + 1);
+        for (i, d) in self.changes(0).enumerate() {
             if i % STEP == 0 {
                 checkpoints.push(level);
             }
             level = level.saturating_add(d);
         }
-        c.checkpoints = checkpoints;
-        c
+        checkpoints
     }
 }
 
@@ -323,8 +367,8 @@ impl Curve {
     pub fn from_levels(start: i64, after: &[i64]) -> Curve {
         let mut d = Deltas::new(after.len());
         let mut prev = start;
-        for (i, &v) in after.iter().enumerate() {
-            d.add(i, v.wrapping_sub(prev));
+        for &v in after {
+            d.push(v.wrapping_sub(prev));
             prev = v;
         }
         let c = d.into_curve(start);
@@ -559,36 +603,39 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     // Changes per event; levels are computed once the start levels are known.
     let mut requested = Deltas::new(n);
     let mut allocated = Deltas::new(n);
-    let mut reserved = Deltas::new(n);
+    // Reserved memory changes only at segment events: (event, change).
+    let mut reserved: Vec<(u32, i64)> = Vec::new();
     let mut requested_start: i64 = 0;
     let mut allocated_start: i64 = 0;
     let mut known_segments: rustc_hash::FxHashSet<u64> = Default::default();
     let mut unmatched_requests: FxHashMap<u64, u32> = FxHashMap::default();
 
     // Closing at event i: the block was the rounded request (exact sizes come from the dump,
-    // only for blocks still open at the end).
+    // only for blocks still open at the end). `rd`, `ad`: the changes of event i so far.
     let close = |events: &mut [[u32; 3]],
                  (idx, bytes): (u32, u64),
                  i: usize,
-                 rd: &mut Deltas,
-                 ad: &mut Deltas| {
+                 rd: &mut i64,
+                 ad: &mut i64| {
         events[idx as usize][2] = i as u32;
-        rd.add(i, signed(bytes).saturating_neg());
-        ad.add(i, signed(round_size(bytes)).saturating_neg());
+        *rd = rd.saturating_add(signed(bytes).saturating_neg());
+        *ad = ad.saturating_add(signed(round_size(bytes)).saturating_neg());
     };
 
     trace.for_each_core(0..n, |i, e| {
+        // This event's changes of the three curves.
+        let (mut dr, mut da, mut dres) = (0i64, 0i64, 0i64);
         match e.action {
             Action::Alloc => {
                 let idx = allocs.events.len() as u32;
                 if let Some(old) = open.insert(e.addr, (idx, e.size)) {
                     if old.0 != NONE {
                         window.lost_frees += 1;
-                        close(&mut allocs.events, old, i, &mut requested, &mut allocated);
+                        close(&mut allocs.events, old, i, &mut dr, &mut da);
                     }
                 }
-                requested.add(i, signed(e.size));
-                allocated.add(i, signed(round_size(e.size)));
+                dr = dr.saturating_add(signed(e.size));
+                da = da.saturating_add(signed(round_size(e.size)));
                 allocs.events.push([i as u32, NONE, NONE]);
             }
             Action::FreeRequested => match open.get(&e.addr) {
@@ -608,7 +655,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 let slot = open.entry(e.addr).or_insert((NONE, 0));
                 if slot.0 != NONE {
                     let old = std::mem::replace(slot, (NONE, FREED));
-                    close(&mut allocs.events, old, i, &mut requested, &mut allocated);
+                    close(&mut allocs.events, old, i, &mut dr, &mut da);
                 } else {
                     if slot.1 == FREED {
                         double_frees.count += 1;
@@ -623,26 +670,25 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     let idx = allocs.events.len() as u32;
                     let req = unmatched_requests.remove(&e.addr).unwrap_or(NONE);
                     allocs.events.push([NONE, req, NONE]);
-                    close(
-                        &mut allocs.events,
-                        (idx, e.size),
-                        i,
-                        &mut requested,
-                        &mut allocated,
-                    );
+                    close(&mut allocs.events, (idx, e.size), i, &mut dr, &mut da);
                 }
             }
             Action::SegmentAlloc | Action::SegmentMap => {
-                reserved.add(i, signed(e.size));
+                dres = signed(e.size);
                 known_segments.insert(e.addr);
             }
             Action::SegmentFree | Action::SegmentUnmap => {
-                reserved.add(i, signed(e.size).saturating_neg());
+                dres = signed(e.size).saturating_neg();
                 if e.action == Action::SegmentFree && !known_segments.remove(&e.addr) {
                     window.unmatched_segment_frees += 1;
                 }
             }
             _ => {}
+        }
+        requested.push(dr);
+        allocated.push(da);
+        if dres != 0 {
+            reserved.push((i as u32, dres));
         }
     });
 
@@ -694,7 +740,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let final_reserved: i64 = snapshot
         .segments_of(device)
         .fold(0i64, |sum, s| sum.saturating_add(signed(s.total_size)));
-    let reserved_start = final_reserved.saturating_sub(reserved.sum());
+    let reserved_sum = reserved
+        .iter()
+        .fold(0i64, |sum, &(_, d)| sum.saturating_add(d));
+    let reserved_start = final_reserved.saturating_sub(reserved_sum);
 
     DeviceReplay {
         device,
@@ -702,7 +751,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         allocations: allocs,
         requested: requested.into_curve(requested_start),
         allocated: allocated.into_curve(allocated_start),
-        reserved: reserved.into_curve(reserved_start),
+        reserved: Curve::from_changes(reserved_start, n, reserved),
         window,
         double_frees,
     }
@@ -745,6 +794,33 @@ mod tests {
         assert_eq!(round_size(512), 512);
         assert_eq!(round_size(513), 1024);
         assert_eq!(round_size(3 << 20), 3 << 20);
+    }
+
+    #[test]
+    fn curves_from_changes_sparse_or_dense_have_the_same_levels() {
+        let len = 40;
+        for every in [1usize, 2, 7, 39] {
+            let changes: Vec<(u32, i64)> = (0..len)
+                .filter(|i| i % every == 0)
+                .map(|i| (i as u32, if i % 3 == 0 { -(i as i64) } else { 1 << 40 }))
+                .collect();
+            let mut level = 100i64;
+            let mut levels = vec![0i64; len];
+            let mut next = changes.iter().peekable();
+            for (i, out) in levels.iter_mut().enumerate() {
+                if let Some(&(_, d)) = next.next_if(|&&(e, _)| e as usize == i) {
+                    level += d;
+                }
+                *out = level;
+            }
+            let c = Curve::from_changes(100, len, changes);
+            assert!(c.levels().eq(levels.iter().copied()), "every {every}");
+            assert_eq!(
+                c.peak(),
+                Curve::from_levels(100, &levels).peak(),
+                "every {every}"
+            );
+        }
     }
 
     #[test]
