@@ -217,6 +217,8 @@ pub struct Curve {
     sparse: Vec<(u32, i64)>,
     /// Level after `k * STEP` events.
     checkpoints: Vec<i64>,
+    /// The highest level and the event after which it is first reached (`None`: the start).
+    peak: (i64, Option<u32>),
 }
 
 const WIDE: i32 = i32::MIN;
@@ -292,7 +294,7 @@ impl Deltas {
             wide,
             ..Curve::default()
         };
-        c.checkpoints = c.compute_checkpoints();
+        c.index();
         c
     }
 }
@@ -322,21 +324,26 @@ impl Curve {
             sparse,
             ..Curve::default()
         };
-        c.checkpoints = c.compute_checkpoints();
+        c.index();
         c
     }
 
-    /// Level after `k * STEP` events, for every k.
-    fn compute_checkpoints(&self) -> Vec<i64> {
+    /// Computes the level after every `STEP` events and the peak, in one pass.
+    fn index(&mut self) {
         let mut level = self.start;
+        let mut peak = (self.start, None);
         let mut checkpoints = Vec::with_capacity(self.len / STEP + 1);
         for (i, d) in self.changes(0).enumerate() {
             if i % STEP == 0 {
                 checkpoints.push(level);
             }
             level = level.saturating_add(d);
+            if level > peak.0 {
+                peak = (level, Some(i as u32));
+            }
         }
-        checkpoints
+        self.checkpoints = checkpoints;
+        self.peak = peak;
     }
 }
 
@@ -373,6 +380,15 @@ impl Curve {
         }
         let c = d.into_curve(start);
         debug_assert!(c.levels().eq(after.iter().copied()));
+        debug_assert_eq!(c.peak(), {
+            let mut best = (start, None);
+            for (i, &v) in after.iter().enumerate() {
+                if v > best.0 {
+                    best = (v, Some(i as u32));
+                }
+            }
+            best
+        });
         c
     }
 
@@ -461,13 +477,7 @@ impl Curve {
     /// The maximum including the level at window start, and the first event after which it is
     /// reached (`None` = already at window start).
     pub fn peak(&self) -> (i64, Option<u32>) {
-        let mut best = (self.start, None);
-        for (i, v) in self.levels().enumerate() {
-            if v > best.0 {
-                best = (v, Some(i as u32));
-            }
-        }
-        best
+        self.peak
     }
 }
 
