@@ -612,6 +612,73 @@ pub fn legend_swatch(out: &mut String, x: f64, y: f64, fill: &str, label: &str, 
     text(out, x + 20.0, y, LEGEND_FONT, &attrs, label);
 }
 
+/// The legend of memory categories: a bold `heading`, then each category present in three
+/// columns with its bytes and share of `total`. Returns the y below it.
+pub fn category_legend(
+    out: &mut String,
+    mut y: f64,
+    heading: &str,
+    present: &[bool],
+    bytes: &[u64],
+    total: u64,
+) -> f64 {
+    text(out, LEFT, y, 13, "font-weight=\"bold\"", heading);
+    y += 22.0;
+    let col_w = PLOT_W / 3.0;
+    let mut j = 0;
+    for (k, &c) in Category::ALL.iter().enumerate() {
+        if !present[k] {
+            continue;
+        }
+        let share = if total > 0 {
+            format!(" ({:.0}%)", bytes[k] as f64 / total as f64 * 100.0)
+        } else {
+            String::new()
+        };
+        legend_swatch(
+            out,
+            LEFT + (j % 3) as f64 * col_w,
+            y + (j / 3) as f64 * 20.0,
+            category_colour(c),
+            &format!("{}  {}{share}", c.name(), format_bytes(bytes[k])),
+            false,
+        );
+        j += 1;
+    }
+    y + (j as f64 / 3.0).ceil() * 20.0
+}
+
+/// Entry `j` of the two-column call-site legend whose first row is at `y`: the site's colour,
+/// the site cut from the left to fit, then `suffix`.
+pub fn site_legend_entry(
+    out: &mut String,
+    colours: &Colours<'_>,
+    j: usize,
+    y: f64,
+    site: &str,
+    suffix: &str,
+) {
+    let colour = if site == NO_STACK {
+        MIXED_FILL
+    } else {
+        colours.site_colour(site)
+    };
+    let col_w = PLOT_W / 2.0;
+    let room = ((col_w - 30.0) / LEGEND_CHAR_W) as usize;
+    let label = format!(
+        "{}{suffix}",
+        cut_left(site, room.saturating_sub(suffix.chars().count()))
+    );
+    legend_swatch(
+        out,
+        LEFT + (j % 2) as f64 * col_w,
+        y + (j / 2) as f64 * 20.0,
+        colour,
+        &label,
+        true,
+    );
+}
+
 /// Safe file-name stems for the pictures of several input files: `timeline-<stem>.svg`.
 /// Names are made of `[A-Za-z0-9._-]`; duplicates get `-2`, `-3`, …
 pub fn picture_stems(names: &[String]) -> Vec<String> {

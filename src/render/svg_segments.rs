@@ -914,49 +914,17 @@ fn panel(
     // Legend.
     let mut ly = rows_bottom + 26.0;
     if by_category {
-        svg::text(
+        ly = svg::category_legend(
             &mut out,
-            LEFT,
             ly,
-            13,
-            "font-weight=\"bold\"",
             &format!(
                 "Colour = memory category, from the phases (requested bytes in live blocks at this moment, {} in all):",
                 format_bytes(requested)
             ),
+            &category_present,
+            &by_category_bytes,
+            requested,
         );
-        ly += 22.0;
-        let col_w = PLOT_W / 3.0;
-        let mut j = 0;
-        for (k, &c) in Category::ALL.iter().enumerate() {
-            if !category_present[k] {
-                continue;
-            }
-            let cx = LEFT + (j % 3) as f64 * col_w;
-            let cy = ly + (j / 3) as f64 * 20.0;
-            let share = if requested > 0 {
-                format!(
-                    " ({:.0}%)",
-                    by_category_bytes[k] as f64 / requested as f64 * 100.0
-                )
-            } else {
-                String::new()
-            };
-            svg::legend_swatch(
-                &mut out,
-                cx,
-                cy,
-                svg::category_colour(c),
-                &format!(
-                    "{}  {}{share}",
-                    c.name(),
-                    format_bytes(by_category_bytes[k])
-                ),
-                false,
-            );
-            j += 1;
-        }
-        ly += (j as f64 / 3.0).ceil() * 20.0;
     }
     let shown = if by_category {
         0
@@ -972,22 +940,9 @@ fn panel(
         ly += 22.0;
         sites.len().min(LEGEND_SITES)
     };
-    let col_w = PLOT_W / 2.0;
     for (j, (site, bytes)) in sites.iter().take(shown).enumerate() {
-        let colour = if site == svg::NO_STACK {
-            svg::MIXED_FILL
-        } else {
-            colours.site_colour(site)
-        };
-        let cx = LEFT + (j % 2) as f64 * col_w;
-        let cy = ly + (j / 2) as f64 * 20.0;
         let suffix = format!("  ({})", format_bytes(*bytes));
-        let room = ((col_w - 30.0) / svg::LEGEND_CHAR_W) as usize;
-        let label = format!(
-            "{}{suffix}",
-            svg::cut_left(site, room.saturating_sub(suffix.chars().count()))
-        );
-        svg::legend_swatch(&mut out, cx, cy, colour, &label, true);
+        svg::site_legend_entry(&mut out, &colours, j, ly, site, &suffix);
     }
     ly += shown.div_ceil(2) as f64 * 20.0;
     if !by_category && sites.len() > shown {

@@ -1410,42 +1410,17 @@ fn panel(
             }
         }
         let total = at_peak.iter().fold(0u64, |s, &b| s.saturating_add(b));
-        svg::text(
+        ly = svg::category_legend(
             &mut out,
-            LEFT,
             ly,
-            13,
-            "font-weight=\"bold\"",
             &format!(
                 "Colour = memory category, from the phases (bytes alive at the peak, {} in all; hover a shape for its confidence):",
                 format_bytes(total)
             ),
+            &present,
+            &at_peak,
+            total,
         );
-        ly += 22.0;
-        let col_w = PLOT_W / 3.0;
-        let mut j = 0;
-        for (k, &c) in Category::ALL.iter().enumerate() {
-            if !present[k] {
-                continue;
-            }
-            let cx = LEFT + (j % 3) as f64 * col_w;
-            let cy = ly + (j / 3) as f64 * 20.0;
-            let share = if total > 0 {
-                format!(" ({:.0}%)", at_peak[k] as f64 / total as f64 * 100.0)
-            } else {
-                String::new()
-            };
-            svg::legend_swatch(
-                &mut out,
-                cx,
-                cy,
-                svg::category_colour(c),
-                &format!("{}  {}{share}", c.name(), format_bytes(at_peak[k])),
-                false,
-            );
-            j += 1;
-        }
-        ly += (j as f64 / 3.0).ceil() * 20.0;
     } else {
         // Legend: the top call sites of the drawn allocations.
         svg::text(
@@ -1457,23 +1432,10 @@ fn panel(
             "Colour = call site (largest drawn allocations first):",
         );
         ly += 22.0;
-        let col_w = PLOT_W / 2.0;
         let shown = sites.len().min(LEGEND_SITES);
         for (j, (site, (_, count, largest))) in sites.iter().take(shown).enumerate() {
-            let colour = if site == svg::NO_STACK {
-                svg::MIXED_FILL
-            } else {
-                colours.site_colour(site)
-            };
-            let cx = LEFT + (j % 2) as f64 * col_w;
-            let cy = ly + (j / 2) as f64 * 20.0;
             let suffix = format!("  ({count}×, largest {})", format_bytes(*largest));
-            let room = ((col_w - 30.0) / svg::LEGEND_CHAR_W) as usize;
-            let label = format!(
-                "{}{suffix}",
-                svg::cut_left(site, room.saturating_sub(suffix.chars().count()))
-            );
-            svg::legend_swatch(&mut out, cx, cy, colour, &label, true);
+            svg::site_legend_entry(&mut out, &colours, j, ly, site, &suffix);
         }
         ly += shown.div_ceil(2) as f64 * 20.0;
         if sites.len() > shown {
