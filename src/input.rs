@@ -9,7 +9,8 @@ use crate::progress::Loading;
 
 /// Bytes of one input, either mapped from disk or decompressed/read into memory.
 pub enum InputBytes {
-    Mapped(memmap2::Mmap),
+    /// The file stays open for [`InputBytes::peek`].
+    Mapped(memmap2::Mmap, std::fs::File),
     Owned(Vec<u8>),
 }
 
@@ -19,7 +20,7 @@ impl InputBytes {
     /// file does not count as resident memory; a later read maps the pages again.
     pub fn release(&self, start: usize, end: usize) {
         const PAGE: usize = 4096;
-        if let InputBytes::Mapped(m) = self {
+        if let InputBytes::Mapped(m, _) = self {
             let start = start.div_ceil(PAGE) * PAGE;
             let end = end.min(m.len()) / PAGE * PAGE;
             if end > start {
@@ -33,11 +34,38 @@ impl InputBytes {
     }
 }
 
+impl InputBytes {
+    /// Copies the bytes at `pos` into `buf` (fewer at the end); returns how many. A mapped
+    /// file is read with a system call: touching the map for a few bytes maps (and then holds)
+    /// every page around them.
+    pub fn peek(&self, pos: usize, buf: &mut [u8]) -> usize {
+        #[cfg(unix)]
+        if let InputBytes::Mapped(m, file) = self {
+            use std::os::unix::fs::FileExt;
+            let want = buf.len().min(m.len().saturating_sub(pos));
+            if let Ok(n) = file.read_at(&mut buf[..want], pos as u64) {
+                if n == want {
+                    return n;
+                }
+            }
+        }
+        peek_slice(self, pos, buf)
+    }
+}
+
+/// [`InputBytes::peek`] on bytes in memory.
+pub fn peek_slice(data: &[u8], pos: usize, buf: &mut [u8]) -> usize {
+    let src = data.get(pos..).unwrap_or(&[]);
+    let n = src.len().min(buf.len());
+    buf[..n].copy_from_slice(&src[..n]);
+    n
+}
+
 impl std::ops::Deref for InputBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         match self {
-            InputBytes::Mapped(m) => m,
+            InputBytes::Mapped(m, _) => m,
             InputBytes::Owned(v) => v,
         }
     }
@@ -177,7 +205,7 @@ pub fn read_input_with(
             // SAFETY: the map is read-only; a file truncated underneath us by another process
             // is the usual mmap caveat, accepted by every mmap-based reader.
             match unsafe { memmap2::Mmap::map(&file) } {
-                Ok(m) => InputBytes::Mapped(m),
+                Ok(m) => InputBytes::Mapped(m, file),
                 Err(_) => {
                     let mut buf = Vec::new();
                     std::fs::File::open(path)

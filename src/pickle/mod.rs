@@ -4,7 +4,7 @@
 mod json;
 pub mod opcodes;
 pub(crate) mod reader;
-pub(crate) mod scan;
+pub mod scan;
 mod value;
 
 pub use json::parse_json;

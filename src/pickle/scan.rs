@@ -119,9 +119,10 @@ struct Walk {
     unsupported: bool,
 }
 
-/// Opcode lengths for the walk's fast step: 1..=9 fixed, `VAR1` = 2 + one length byte, 0 = the
-/// careful step decides (other variable lengths, STOP, PROTO, anything unsupported).
-const VAR1: u8 = 0x81;
+/// Opcode lengths for the walk's fast step: the low four bits are the length (1..=9), `VAR1`
+/// set adds the byte after the opcode (one-byte length prefix); 0 = the careful step decides
+/// (other variable lengths, STOP, PROTO, FRAME, anything unsupported).
+const VAR1: u8 = 0x80;
 static FAST_LEN: [u8; 256] = {
     let mut t = [0u8; 256];
     let ones = [
@@ -154,8 +155,8 @@ static FAST_LEN: [u8; 256] = {
     t[op::LONG_BINGET as usize] = 5;
     t[op::BINFLOAT as usize] = 9;
     // FRAME goes the careful way: it must be one of the headers the hop found.
-    t[op::LONG1 as usize] = VAR1;
-    t[op::SHORT_BINUNICODE as usize] = VAR1;
+    t[op::LONG1 as usize] = VAR1 | 2;
+    t[op::SHORT_BINUNICODE as usize] = VAR1 | 2;
     t
 };
 
@@ -172,20 +173,17 @@ impl Cursor {
     #[inline(always)]
     fn step(&mut self, data: &[u8], headers: &[usize]) {
         let p = self.pos;
+        // Without branches on the opcode's kind (they mispredict on every other opcode): the
+        // length is the table's plus, for one-byte-prefixed payloads, that byte.
         if p + 9 < self.end {
             let c = data[p];
             let t = FAST_LEN[c as usize];
-            if t != 0 && t < VAR1 {
+            let var = (t >> 7) as usize;
+            let q = p + (t & 0x0f) as usize + var * data[p + 1] as usize;
+            if t != 0 && q <= self.end {
                 self.w.memos += (c == op::MEMOIZE) as u32;
-                self.pos = p + t as usize;
+                self.pos = q;
                 return;
-            }
-            if t == VAR1 {
-                let q = p + 2 + data[p + 1] as usize;
-                if q <= self.end {
-                    self.pos = q;
-                    return;
-                }
             }
         }
         self.careful(data, headers);
@@ -234,7 +232,58 @@ impl Cursor {
     }
 }
 
-/// Walks up to four ranges at once.
+/// Bytes the fast loop keeps clear of a range's end: an opcode with a one-byte length prefix
+/// is at most 2 + 255 bytes, and every fixed one at most 9.
+const FAST_MARGIN: usize = 2 + 255 + 9;
+
+/// How many walks run interleaved: each step waits on the previous one's length (two loads
+/// in a row), so one walk alone leaves the core idle most of the time.
+const LANES: usize = 4;
+
+/// Steps all cursors while each is clear of its end and at an opcode of the table; positions
+/// stay in registers (through memory, every step would wait on a store).
+#[inline(never)]
+fn fast_lanes(data: &[u8], cs: &mut [Cursor]) {
+    let Ok(cs) = <&mut [Cursor; LANES]>::try_from(cs) else {
+        return;
+    };
+    let mut p = [0usize; LANES];
+    let mut lim = [0usize; LANES];
+    let mut m = [0u32; LANES];
+    for i in 0..LANES {
+        p[i] = cs[i].pos;
+        lim[i] = cs[i].end.saturating_sub(FAST_MARGIN).min(data.len());
+    }
+    loop {
+        let mut c = [0u8; LANES];
+        let mut t = [0u8; LANES];
+        let mut stop = false;
+        for i in 0..LANES {
+            stop |= p[i] >= lim[i];
+        }
+        if stop {
+            break;
+        }
+        for i in 0..LANES {
+            c[i] = data[p[i]];
+            t[i] = FAST_LEN[c[i] as usize];
+            stop |= t[i] == 0;
+        }
+        if stop {
+            break;
+        }
+        for i in 0..LANES {
+            m[i] += (c[i] == op::MEMOIZE) as u32;
+            p[i] += (t[i] & 0x0f) as usize + (t[i] >> 7) as usize * data[p[i] + 1] as usize;
+        }
+    }
+    for i in 0..LANES {
+        cs[i].pos = p[i];
+        cs[i].w.memos += m[i];
+    }
+}
+
+/// Walks up to `LANES` ranges at once.
 fn walk_group(data: &[u8], headers: &[usize], ranges: &[(usize, usize)]) -> Vec<Walk> {
     let mut cs: Vec<Cursor> = ranges
         .iter()
@@ -245,12 +294,13 @@ fn walk_group(data: &[u8], headers: &[usize], ranges: &[(usize, usize)]) -> Vec<
             done: s >= e,
         })
         .collect();
-    if let [a, b, c, d] = cs.as_mut_slice() {
-        while !(a.done || b.done || c.done || d.done) {
-            a.step(data, headers);
-            b.step(data, headers);
-            c.step(data, headers);
-            d.step(data, headers);
+    if cs.len() == LANES {
+        while cs.iter().all(|c| !c.done) {
+            fast_lanes(data, &mut cs);
+            // One careful step each (the one that stopped the fast loop needs it).
+            for c in &mut cs {
+                c.step(data, headers);
+            }
         }
     }
     for c in &mut cs {
@@ -299,10 +349,15 @@ fn walk(data: &[u8], start: usize, end: usize) -> Walk {
 /// Cuts `data` into chunks of about `chunk_bytes` and walks them in parallel. `None` when the
 /// input is not a protocol 4/5 pickle made of the plain-data opcodes, or uses memo opcodes
 /// with explicit indices: the sequential reader handles those.
+///
+/// `peek(pos, buf)` copies the bytes at `pos` (as [`crate::input::InputBytes::peek`]): the
+/// frame headers are read with it, not through `data`, so that hopping from one to the next
+/// does not map the whole file page by page before the walks map it again.
 pub fn scan(
     data: &[u8],
     chunk_bytes: usize,
     release: &(dyn Fn(usize, usize) + Sync),
+    peek: &dyn Fn(usize, &mut [u8]) -> usize,
 ) -> Option<Scan> {
     if data.len() < 2 || data[0] != op::PROTO || !(4..=5).contains(&data[1]) {
         return None;
@@ -312,12 +367,17 @@ pub fn scan(
     let mut headers: Vec<usize> = Vec::new();
     let mut pos = 2;
     let mut header_cut = None;
+    let mut head = [0u8; 9];
     while pos < data.len() {
-        if data[pos] == op::FRAME {
-            let Some(n) = arg_len(data, pos, 8) else {
+        let got = peek(pos, &mut head);
+        if got >= 1 && head[0] == op::FRAME {
+            if got < 9 {
                 header_cut = Some(pos);
                 break;
-            };
+            }
+            let n = u64::from_le_bytes([
+                head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8],
+            ]);
             headers.push(pos);
             let body = pos + 9;
             if (body as u64).saturating_add(n)
@@ -328,10 +388,6 @@ pub fn scan(
             let end = (body as u64).saturating_add(n).min(data.len() as u64) as usize;
             units.push((body, end));
             pos = end;
-            // Reading a header maps the pages around it: let them go again.
-            if units.len() % 64 == 0 {
-                release(units[units.len() - 64].0, end);
-            }
         } else {
             // Opcodes outside frames (CPython writes big strings that way): walk to the next
             // FRAME, STOP or the end.
@@ -371,7 +427,7 @@ pub fn scan(
         }
     }
     let walks: Vec<Walk> = ranges
-        .par_chunks(4)
+        .par_chunks(LANES)
         .flat_map_iter(|group| {
             let w = walk_group(data, &headers, group);
             for &(s, e) in group {
@@ -457,6 +513,12 @@ pub fn memo_source(data: &[u8], chunks: &[Chunk], index: u32) -> Option<usize> {
 mod tests {
     use super::*;
 
+    fn scan_all(data: &[u8]) -> Option<Scan> {
+        scan(data, 1 << 20, &|_, _| {}, &|p, b| {
+            crate::input::peek_slice(data, p, b)
+        })
+    }
+
     fn framed(body: &[u8]) -> Vec<u8> {
         let mut p = vec![0x80, 4, op::FRAME];
         p.extend_from_slice(&(body.len() as u64).to_le_bytes());
@@ -467,7 +529,7 @@ mod tests {
     #[test]
     fn counts_memos_and_finds_stop() {
         let p = framed(b"]\x94(\x8c\x01a\x94K\x01e.");
-        let s = scan(&p, 1 << 20, &|_, _| {}).unwrap();
+        let s = scan_all(&p).unwrap();
         assert_eq!(s.chunks.iter().map(|c| c.memos).sum::<u32>(), 2);
         assert_eq!(s.end, End::Stop(p.len() - 1));
         assert_eq!(memo_source(&p, &s.chunks, 1), Some(14));
@@ -477,9 +539,9 @@ mod tests {
     fn cut_inputs_report_the_first_incomplete_opcode() {
         let p = framed(b"]\x94(\x8c\x05abcde\x94e.");
         let cut = &p[..16];
-        let s = scan(cut, 1 << 20, &|_, _| {}).unwrap();
+        let s = scan_all(cut).unwrap();
         assert_eq!(s.end, End::Truncated(14));
-        let s = scan(&p[..14], 1 << 20, &|_, _| {}).unwrap();
+        let s = scan_all(&p[..14]).unwrap();
         assert_eq!(s.end, End::Truncated(14));
     }
 
@@ -505,13 +567,8 @@ mod tests {
 
     #[test]
     fn code_and_explicit_memo_indices_are_left_to_the_sequential_reader() {
-        assert!(scan(
-            &framed(b"\x8c\x02os\x8c\x06system\x93."),
-            1 << 20,
-            &|_, _| {}
-        )
-        .is_none());
-        assert!(scan(&framed(b"]q\x00."), 1 << 20, &|_, _| {}).is_none());
-        assert!(scan(b"\x80\x02]q\x00.", 1 << 20, &|_, _| {}).is_none());
+        assert!(scan_all(&framed(b"\x8c\x02os\x8c\x06system\x93.")).is_none());
+        assert!(scan_all(&framed(b"]q\x00.")).is_none());
+        assert!(scan_all(b"\x80\x02]q\x00.").is_none());
     }
 }

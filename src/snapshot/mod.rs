@@ -70,6 +70,7 @@ pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadE
     let (mut snapshot, cut) = match fast::load(
         &bytes,
         &|start, end| bytes.release(start, end),
+        &|pos, buf| bytes.peek(pos, buf),
         &done,
         opts.salvage,
     ) {
@@ -183,7 +184,13 @@ pub fn load_bytes_parallel_with(
     opts: LoadOptions,
 ) -> Option<Result<Snapshot, LoadError>> {
     let r = if chunk_bytes == 0 {
-        fast::load(bytes, &|_, _| {}, &Default::default(), opts.salvage)
+        fast::load(
+            bytes,
+            &|_, _| {},
+            &|p, b| crate::input::peek_slice(bytes, p, b),
+            &Default::default(),
+            opts.salvage,
+        )
     } else {
         fast::load_chunked(bytes, chunk_bytes, opts.salvage)
     };

@@ -57,13 +57,17 @@ pub type Loaded = (Snapshot, Option<PickleError>);
 /// `done` counts progress for a bar over `data.len()`: the scan (about a quarter of the time)
 /// adds a quarter of the length when it has cut the input into chunks, then each chunk adds
 /// three quarters of its length when it has run.
+///
+/// `peek(pos, buf)` copies bytes at `pos` without touching `data`'s pages (see
+/// `InputBytes::peek`).
 pub fn load(
     data: &[u8],
     release: &(dyn Fn(usize, usize) + Sync),
+    peek: &dyn Fn(usize, &mut [u8]) -> usize,
     done: &AtomicU64,
     salvage: bool,
 ) -> Result<Loaded, Fail> {
-    load_inner(data, release, done, CHUNK_BYTES, salvage)
+    load_inner(data, release, peek, done, CHUNK_BYTES, salvage)
 }
 
 /// [`load`] with chunks of about `chunk_bytes` (tests use one frame per chunk, so that every
@@ -72,6 +76,7 @@ pub fn load_chunked(data: &[u8], chunk_bytes: usize, salvage: bool) -> Result<Lo
     load_inner(
         data,
         &|_, _| {},
+        &|p, b| crate::input::peek_slice(data, p, b),
         &AtomicU64::new(0),
         chunk_bytes.max(1),
         salvage,
@@ -81,12 +86,13 @@ pub fn load_chunked(data: &[u8], chunk_bytes: usize, salvage: bool) -> Result<Lo
 fn load_inner(
     data: &[u8],
     release: &(dyn Fn(usize, usize) + Sync),
+    peek: &dyn Fn(usize, &mut [u8]) -> usize,
     done: &AtomicU64,
     chunk_bytes: usize,
     salvage: bool,
 ) -> Result<Loaded, Fail> {
     let mut t = Timer::new();
-    let s = scan::scan(data, chunk_bytes, release).ok_or(Unsupported)?;
+    let s = scan::scan(data, chunk_bytes, release, peek).ok_or(Unsupported)?;
     done.fetch_add(data.len() as u64 / 4, Ordering::Relaxed);
     t.lap("scan");
     let cut = match s.end {
@@ -96,8 +102,8 @@ fn load_inner(
     let ctx = Ctx::new(data, s.chunks, release);
     let outs: Vec<ChunkOut<'_>> = (0..ctx.chunks.len())
         .into_par_iter()
-        .map(|k| {
-            let out = vm::run_chunk(&ctx, k);
+        .map_init(vm::Spare::default, |spare, k| {
+            let out = vm::run_chunk(&ctx, k, spare);
             let chunk = &ctx.chunks[k];
             release(chunk.start, chunk.end);
             done.fetch_add((chunk.end - chunk.start) as u64 * 3 / 4, Ordering::Relaxed);

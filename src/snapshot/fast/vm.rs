@@ -297,6 +297,22 @@ fn le_signed(raw: &[u8]) -> i128 {
     i128::from_le_bytes(buf)
 }
 
+/// The `n <= 8` bytes at `at` as a little-endian two's complement integer (LONG1's payload),
+/// read as one word where the input allows.
+#[inline(always)]
+fn le_i64(data: &[u8], at: usize, n: usize) -> Option<i64> {
+    let mut b = [0u8; 8];
+    match data.get(at..at + 8) {
+        Some(w) => b.copy_from_slice(w),
+        None => b[..n].copy_from_slice(data.get(at..at + n)?),
+    }
+    if n == 0 {
+        return Some(0);
+    }
+    let shift = 64 - 8 * n as u32;
+    Some(((u64::from_le_bytes(b) << shift) as i64) >> shift)
+}
+
 /// Memo indices below this use a dense cache of resolved values.
 const DENSE_EXT: usize = 4096;
 
@@ -305,6 +321,8 @@ const DENSE_EXT: usize = 4096;
 struct ExtCache {
     /// Strings (the common case: dict keys, action names) as `index + 1`; 0 = not known.
     strs: Vec<u32>,
+    /// The field a string used as a dict key names, as `field + 1`; 0 = not known.
+    fields: Vec<u8>,
     dense: Vec<Option<LVal>>,
     sparse: FxHashMap<u32, LVal>,
 }
@@ -361,6 +379,35 @@ pub struct Arena<'a> {
     /// Lists and dicts filled again after others were made: their own storage.
     owned: Vec<Vec<LVal>>,
     downed: Vec<Vec<(LVal, LVal)>>,
+}
+
+/// Working storage of a chunk's machine that dies with the chunk, kept by a worker for its
+/// next chunk: growing fresh vectors for every chunk costs page faults and copies.
+#[derive(Default)]
+pub struct Spare {
+    lists: Vec<ListS>,
+    dicts: Vec<DictS>,
+    tuples: Vec<(u32, u32)>,
+    pool: Vec<LVal>,
+    dpool: Vec<(LVal, LVal)>,
+    memo: Vec<LVal>,
+    stack: Vec<LVal>,
+}
+
+impl Spare {
+    fn keep(&mut self, a: Arena<'_>, memo: Vec<LVal>, stack: Vec<LVal>) {
+        fn cleared<T>(mut v: Vec<T>) -> Vec<T> {
+            v.clear();
+            v
+        }
+        self.lists = cleared(a.lists);
+        self.dicts = cleared(a.dicts);
+        self.tuples = cleared(a.tuples);
+        self.pool = cleared(a.pool);
+        self.dpool = cleared(a.dpool);
+        self.memo = cleared(memo);
+        self.stack = cleared(stack);
+    }
 }
 
 /// Appends `v` to `items`, extending a run of records when it continues one.
@@ -739,9 +786,17 @@ impl<'a, 'c> Vm<'a, 'c> {
         }
     }
 
-    pub fn chunk(ctx: &'c Ctx<'a>, index: usize) -> Self {
+    pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> Self {
         let base = ctx.chunks[index].memo_base;
-        Vm::new(ctx, index as u32, Mode::Chunk, base)
+        let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, base);
+        vm.a.lists = std::mem::take(&mut spare.lists);
+        vm.a.dicts = std::mem::take(&mut spare.dicts);
+        vm.a.tuples = std::mem::take(&mut spare.tuples);
+        vm.a.pool = std::mem::take(&mut spare.pool);
+        vm.a.dpool = std::mem::take(&mut spare.dpool);
+        vm.memo = std::mem::take(&mut spare.memo);
+        vm.stack = std::mem::take(&mut spare.stack);
+        vm
     }
 
     pub fn stitch(ctx: &'c Ctx<'a>) -> Self {
@@ -831,12 +886,43 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn field(&mut self, key: LVal) -> R<u8> {
         Ok(match key {
             LVal::Str(i) => self.a.str_field[i as usize],
-            LVal::Ext(_) => match self.deref(key)? {
-                LVal::Str(i) => self.a.str_field[i as usize],
+            LVal::Ext(g) => match self.deref(key)? {
+                LVal::Str(i) => {
+                    let f = self.a.str_field[i as usize];
+                    let fields = &mut self.ext.fields;
+                    if (g as usize) < DENSE_EXT {
+                        if fields.len() <= g as usize {
+                            fields.resize(g as usize + 1, 0);
+                        }
+                        fields[g as usize] = f + 1;
+                    }
+                    f
+                }
                 _ => F_NOT_STR,
             },
             _ => F_NOT_STR,
         })
+    }
+
+    /// A dict key fetched from another chunk's memo at `p` whose field is known already: the
+    /// field and the position after the fetch (the common case, without decoding the key).
+    #[inline(always)]
+    fn known_key(&self, data: &[u8], p: usize) -> Option<(u8, usize)> {
+        let (g, np) = match *data.get(p)? {
+            op::BINGET => (*data.get(p + 1)? as u32, p + 2),
+            op::LONG_BINGET => {
+                let b = data.get(p + 1..p + 5)?;
+                (u32::from_le_bytes([b[0], b[1], b[2], b[3]]), p + 5)
+            }
+            _ => return None,
+        };
+        if self.mode != Mode::Chunk || g >= self.memo_base {
+            return None;
+        }
+        match self.ext.fields.get(g as usize) {
+            Some(&f) if f != 0 => Some((f - 1, np)),
+            _ => None,
+        }
     }
 
     // ----- running opcodes -----
@@ -941,9 +1027,17 @@ impl<'a, 'c> Vm<'a, 'c> {
                 p += 1;
                 break;
             }
-            let (key, np) = self.fetch(data, p)?;
-            p = np;
-            let field = self.field(key)?;
+            let field = match self.known_key(data, p) {
+                Some((field, np)) => {
+                    p = np;
+                    field
+                }
+                None => {
+                    let (key, np) = self.fetch(data, p)?;
+                    p = np;
+                    self.field(key)?
+                }
+            };
             let code = *data.get(p).ok_or(Unsupported)?;
             let arg = |n: usize| data.get(p + 1..p + 1 + n).ok_or(Unsupported);
             let v = match code {
@@ -967,9 +1061,9 @@ impl<'a, 'c> Vm<'a, 'c> {
                     if n > 8 {
                         return Err(Unsupported);
                     }
-                    let raw = data.get(p + 2..p + 2 + n).ok_or(Unsupported)?;
+                    let v = le_i64(data, p + 2, n).ok_or(Unsupported)?;
                     p += 2 + n;
-                    LVal::Int(le_signed(raw) as i64)
+                    LVal::Int(v)
                 }
                 op::SHORT_BINUNICODE => {
                     let n = arg(1)?[0] as usize;
@@ -1680,7 +1774,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     /// Chunk mode: the compact result (what the stitch and the resolution need).
-    pub fn finish(mut self) -> R<ChunkOut<'a>> {
+    pub fn finish(mut self, spare: &mut Spare) -> R<ChunkOut<'a>> {
         self.flush();
         let from = std::mem::take(&mut self.a);
         let mut out = Arena::default();
@@ -1705,8 +1799,10 @@ impl<'a, 'c> Vm<'a, 'c> {
                 }
             }
         }
-        out.strs = from.strs;
-        out.bigs = from.bigs;
+        let mut from = from;
+        out.strs = std::mem::take(&mut from.strs);
+        out.bigs = std::mem::take(&mut from.bigs);
+        spare.keep(from, self.memo, self.stack);
         let mut frames: Vec<(u32, FrameC)> = self.frames.into_iter().collect();
         frames.sort_unstable_by_key(|(g, _)| *g);
         let mut part = self.part;
@@ -1754,11 +1850,11 @@ impl StackView for Vm<'_, '_> {
 }
 
 /// Runs chunk `index` of the input.
-pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize) -> R<ChunkOut<'a>> {
+pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare) -> R<ChunkOut<'a>> {
     let c = &ctx.chunks[index];
-    let mut vm = Vm::chunk(ctx, index);
+    let mut vm = Vm::chunk(ctx, index, spare);
     vm.run(c.start, c.end)?;
-    vm.finish()
+    vm.finish(spare)
 }
 
 #[allow(dead_code)]
