@@ -170,6 +170,7 @@ pub fn device_quality(
     device: i64,
     replay: &DeviceReplay,
     trace: TraceChecks,
+    summary: &TraceSummary,
 ) -> Vec<QualityWarning> {
     let segments: Vec<&Segment> = snapshot.segments_of(device).collect();
     let mut out = Vec::new();
@@ -183,7 +184,7 @@ pub fn device_quality(
     out.extend(double_frees(replay));
     out.extend(trace.addresses_outside_segments);
     out.extend(negative_levels(replay));
-    out.extend(snapshot_markers(snapshot, device, replay));
+    out.extend(snapshot_markers(replay, &summary.snapshot_markers));
     out
 }
 
@@ -613,17 +614,6 @@ fn addresses_outside_segments(
     })
 }
 
-fn first_below_zero(curve: &Curve) -> Option<(Option<u32>, i64)> {
-    if curve.start < 0 {
-        return Some((None, curve.start));
-    }
-    curve
-        .levels()
-        .enumerate()
-        .find(|&(_, v)| v < 0)
-        .map(|(i, v)| (Some(i as u32), v))
-}
-
 /// A level below zero: the trace removes more than the dump and the trace ever held.
 fn negative_levels(replay: &DeviceReplay) -> Vec<QualityWarning> {
     let curves: [(&str, &Curve, &[&str], &str); 3] = [
@@ -661,11 +651,8 @@ fn negative_levels(replay: &DeviceReplay) -> Vec<QualityWarning> {
     ];
     let mut out = Vec::new();
     for (name, curve, affects, cause) in curves {
-        if let Some((at, level)) = first_below_zero(curve) {
-            let count = std::iter::once(curve.start)
-                .chain(curve.levels())
-                .filter(|&v| v < 0)
-                .count() as u64;
+        if let Some((at, level)) = curve.first_below_zero() {
+            let count = curve.below_zero_count();
             let when = match at {
                 None => "at window start".to_owned(),
                 Some(e) => format!("after event {e}"),
@@ -686,18 +673,7 @@ fn negative_levels(replay: &DeviceReplay) -> Vec<QualityWarning> {
 
 /// `snapshot` entries record the device's active bytes at that moment; the replay must agree
 /// within what it has to estimate.
-fn snapshot_markers(
-    snapshot: &Snapshot,
-    device: i64,
-    replay: &DeviceReplay,
-) -> Option<QualityWarning> {
-    let trace = snapshot.trace(device);
-    let markers: Vec<(u32, u64)> = trace
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| e.action == Action::Snapshot)
-        .map(|(i, e)| (i as u32, e.size))
-        .collect();
+fn snapshot_markers(replay: &DeviceReplay, markers: &[(u32, u64)]) -> Option<QualityWarning> {
     if markers.is_empty() {
         return None;
     }

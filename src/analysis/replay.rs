@@ -219,6 +219,10 @@ pub struct Curve {
     checkpoints: Vec<i64>,
     /// The highest level and the event after which it is first reached (`None`: the start).
     peak: (i64, Option<u32>),
+    /// The first level below zero (the event after which, `None`: the start) and how many
+    /// levels, the start included, are below zero.
+    below_zero: Option<(Option<u32>, i64)>,
+    below_zero_count: u64,
 }
 
 const WIDE: i32 = i32::MIN;
@@ -333,6 +337,8 @@ impl Curve {
         let mut level = self.start;
         let mut peak = (self.start, None);
         let mut checkpoints = Vec::with_capacity(self.len / STEP + 1);
+        let mut below = (self.start < 0).then_some((None, self.start));
+        let mut below_count = (self.start < 0) as u64;
         for (i, d) in self.changes(0).enumerate() {
             if i % STEP == 0 {
                 checkpoints.push(level);
@@ -341,9 +347,15 @@ impl Curve {
             if level > peak.0 {
                 peak = (level, Some(i as u32));
             }
+            if level < 0 {
+                below_count += 1;
+                below.get_or_insert((Some(i as u32), level));
+            }
         }
         self.checkpoints = checkpoints;
         self.peak = peak;
+        self.below_zero = below;
+        self.below_zero_count = below_count;
     }
 }
 
@@ -478,6 +490,16 @@ impl Curve {
     /// reached (`None` = already at window start).
     pub fn peak(&self) -> (i64, Option<u32>) {
         self.peak
+    }
+
+    /// The first level below zero, as (the event after which, `None`: the start; the level).
+    pub fn first_below_zero(&self) -> Option<(Option<u32>, i64)> {
+        self.below_zero
+    }
+
+    /// How many levels, the start included, are below zero.
+    pub fn below_zero_count(&self) -> u64 {
+        self.below_zero_count
     }
 }
 

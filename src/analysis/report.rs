@@ -288,11 +288,14 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         },
     );
     timer.lap("replay, phases and trace summary");
-    let (checks, mut report) = rayon::join(
-        || super::quality::trace_checks(snapshot, device, &summary),
+    let (data_quality, mut report) = rayon::join(
+        || {
+            let checks = super::quality::trace_checks(snapshot, device, &summary);
+            super::quality::device_quality(snapshot, device, &replay, checks, &summary)
+        },
         || device_report_with(snapshot, device, options, &replay, phases, &summary),
     );
-    report.data_quality = super::quality::device_quality(snapshot, device, &replay, checks);
+    report.data_quality = data_quality;
     timer.lap("the rest of the report");
     report
 }

@@ -35,6 +35,8 @@ pub struct TraceSummary {
     pub largest_request: u64,
     /// Indices of the `oom` entries.
     pub ooms: Vec<u32>,
+    /// `snapshot` entries: (index, size: the bytes the allocator held when it was written).
+    pub snapshot_markers: Vec<(u32, u64)>,
     /// Address ranges of segment events (alloc, free, map, unmap), in trace order.
     pub segment_ranges: Vec<(u64, u64)>,
     /// Entries with sizes no device can hold: how many, and the first.
@@ -50,6 +52,7 @@ impl TraceSummary {
                 self.largest_request = self.largest_request.max(round_size(e.size));
                 self.ooms.push(i as u32);
             }
+            Action::Snapshot => self.snapshot_markers.push((i as u32, e.size)),
             Action::SegmentAlloc
             | Action::SegmentFree
             | Action::SegmentMap
@@ -69,6 +72,7 @@ impl TraceSummary {
     fn then(mut self, later: TraceSummary) -> TraceSummary {
         self.largest_request = self.largest_request.max(later.largest_request);
         self.ooms.extend(later.ooms);
+        self.snapshot_markers.extend(later.snapshot_markers);
         self.segment_ranges.extend(later.segment_ranges);
         self.implausible_sizes += later.implausible_sizes;
         self.first_implausible = self.first_implausible.or(later.first_implausible);
@@ -120,6 +124,7 @@ mod tests {
             .map(|i| match i % 7 {
                 0 => entry(Action::SegmentAlloc, i << 20, 2 << 20),
                 1 => entry(Action::Oom, 0, i * 1000 + 1),
+                3 if i % 11 == 0 => entry(Action::Snapshot, 0, i),
                 2 if i % 5 == 0 => entry(Action::Alloc, i, MAX_PLAUSIBLE_BYTES + i),
                 _ => entry(Action::Alloc, i << 20, i * 3),
             })
@@ -137,6 +142,7 @@ mod tests {
             want.add(i, core);
         }
         assert_eq!(got, want);
+        assert!(got.snapshot_markers.len() > 100);
         assert_eq!(got.first_implausible, Some(30)); // i % 7 == 2 and i % 5 == 0
         assert_eq!(got.ooms[..2], [1, 8]);
         assert!(got.largest_request >= round_size(MAX_PLAUSIBLE_BYTES));

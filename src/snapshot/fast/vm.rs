@@ -738,6 +738,8 @@ pub struct Vm<'a, 'c> {
     str_action: Vec<Option<Action>>,
     /// Offset of the opcode being run.
     pub op_pos: usize,
+    /// Where [`Vm::ext_frames`] stopped.
+    after_frames: usize,
 }
 
 /// What a chunk hands on once it has run.
@@ -783,6 +785,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             scratch_vals: Vec::new(),
             str_action: Vec::new(),
             op_pos: 0,
+            after_frames: 0,
         }
     }
 
@@ -1093,6 +1096,10 @@ impl<'a, 'c> Vm<'a, 'c> {
                         return Err(Unsupported);
                     };
                     match data.get(p) {
+                        Some(&op::MARK) if field == F_FRAMES && self.ext_frames(data, p + 1, l) => {
+                            // Up to APPENDS, which `ext_frames` found.
+                            p = self.after_frames;
+                        }
                         Some(&op::MARK) => {
                             p += 1;
                             let mut items = std::mem::take(&mut self.scratch_vals);
@@ -1157,6 +1164,64 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.memo[dict_slot] = rec;
         self.stack.push(rec);
         Ok(Some(p))
+    }
+
+    /// An entry's frames list whose items are all frame dicts stored by earlier chunks (the
+    /// common case: a program's frames repeat): fetches from `p` up to APPENDS, read straight
+    /// into list `l` and its stack slot, without the generic list and slot steps. False, with
+    /// nothing changed, for anything else.
+    fn ext_frames(&mut self, data: &[u8], mut p: usize, l: u32) -> bool {
+        if self.mode != Mode::Chunk || self.a.lists[l as usize].len != 0 {
+            return false;
+        }
+        let mut refs = std::mem::take(&mut self.scratch);
+        refs.clear();
+        let end = loop {
+            let (g, np) = match data.get(p) {
+                Some(&op::BINGET) => match data.get(p + 1) {
+                    Some(&b) => (b as u32, p + 2),
+                    None => break None,
+                },
+                Some(&op::LONG_BINGET) => match data.get(p + 1..p + 5) {
+                    Some(b) => (u32::from_le_bytes([b[0], b[1], b[2], b[3]]), p + 5),
+                    None => break None,
+                },
+                Some(&op::APPENDS) => break Some(p + 1),
+                _ => break None,
+            };
+            if g >= self.memo_base {
+                break None;
+            }
+            refs.push(g);
+            p = np;
+        };
+        let ok = match end {
+            Some(end) if self.a.pool.len() + refs.len() < u32::MAX as usize => {
+                let slot = match self.slot_index.get(refs.as_slice()) {
+                    Some(&s) => s,
+                    None => {
+                        let s = self.slots.len() as u32;
+                        let boxed: Box<[u32]> = refs.as_slice().into();
+                        self.slots.push(Slot::Content(boxed.clone()));
+                        self.slot_index.insert(boxed, s);
+                        s
+                    }
+                };
+                // The items stay readable as a list (for anything else that fetches it).
+                let start = self.a.pool.len() as u32;
+                self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
+                let list = &mut self.a.lists[l as usize];
+                list.start = start;
+                list.len = refs.len() as u32;
+                list.stack = if refs.is_empty() { 0 } else { slot };
+                list.sealed = true;
+                self.after_frames = end;
+                true
+            }
+            _ => false,
+        };
+        self.scratch = refs;
+        ok
     }
 
     /// Runs one opcode recorded by a chunk (stitch mode). Returns the root at STOP.
