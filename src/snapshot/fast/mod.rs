@@ -63,7 +63,7 @@ pub type Loaded = (Snapshot, Option<PickleError>);
 pub fn load(
     data: &[u8],
     release: &(dyn Fn(usize, usize) + Sync),
-    peek: &dyn Fn(usize, &mut [u8]) -> usize,
+    peek: &(dyn Fn(usize, &mut [u8]) -> usize + Sync),
     done: &AtomicU64,
     salvage: bool,
 ) -> Result<Loaded, Fail> {
@@ -86,7 +86,7 @@ pub fn load_chunked(data: &[u8], chunk_bytes: usize, salvage: bool) -> Result<Lo
 fn load_inner(
     data: &[u8],
     release: &(dyn Fn(usize, usize) + Sync),
-    peek: &dyn Fn(usize, &mut [u8]) -> usize,
+    peek: &(dyn Fn(usize, &mut [u8]) -> usize + Sync),
     done: &AtomicU64,
     chunk_bytes: usize,
     salvage: bool,
@@ -99,7 +99,7 @@ fn load_inner(
         End::Stop(_) => None,
         End::Truncated(at) => Some(at),
     };
-    let ctx = Ctx::new(data, s.chunks, release);
+    let ctx = Ctx::new(data, s.chunks, release, peek);
     let outs: Vec<ChunkOut<'_>> = (0..ctx.chunks.len())
         .into_par_iter()
         .map_init(vm::Spare::default, |spare, k| {

@@ -162,6 +162,8 @@ pub enum Resolved<'a> {
 /// What all machines share: the input, the chunks, and memo values found so far.
 pub struct Ctx<'a> {
     pub data: &'a [u8],
+    /// Copies bytes of the input without mapping its pages (see `InputBytes::peek`).
+    peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
     pub chunks: Vec<Chunk>,
     release: &'a (dyn Fn(usize, usize) + Sync),
     resolved: Mutex<FxHashMap<u32, Resolved<'a>>>,
@@ -172,9 +174,11 @@ impl<'a> Ctx<'a> {
         data: &'a [u8],
         chunks: Vec<Chunk>,
         release: &'a (dyn Fn(usize, usize) + Sync),
+        peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
     ) -> Ctx<'a> {
         Ctx {
             data,
+            peek,
             chunks,
             release,
             resolved: Mutex::new(FxHashMap::default()),
@@ -1228,11 +1232,17 @@ impl<'a, 'c> Vm<'a, 'c> {
     pub fn exec_at(&mut self, pos: usize, memo: u32) -> R<Option<LVal>> {
         let data = self.ctx.data;
         self.op_pos = pos;
-        let n = match scan::op_len(data, pos) {
-            scan::Step::Len(n) => n,
-            _ => return Err(Unsupported),
+        // The chunk's pages were let go after it ran: a short opcode is read back with a
+        // system call rather than by mapping the pages around it again.
+        let mut buf = [0u8; 16];
+        let got = (self.ctx.peek)(pos, &mut buf);
+        let (code, ins): (u8, &[u8]) = match scan::op_len(&buf[..got], 0) {
+            scan::Step::Len(n) => (buf[0], &buf[..n]),
+            _ => match scan::op_len(data, pos) {
+                scan::Step::Len(n) => (data[pos], &data[pos..pos + n]),
+                _ => return Err(Unsupported),
+            },
         };
-        let code = data[pos];
         if code == op::STOP {
             // Marks left open at STOP are the sequential reader's to report.
             if !self.marks.is_empty() {
@@ -1242,7 +1252,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             return Ok(Some(root));
         }
         self.memo_next = memo;
-        self.step(code, &data[pos..pos + n])?;
+        self.step(code, ins)?;
         Ok(None)
     }
 
@@ -1325,7 +1335,9 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.stack.pop().ok_or(Unsupported)
     }
 
-    fn step(&mut self, code: u8, ins: &'a [u8]) -> R<()> {
+    /// Runs the opcode `ins` (its bytes, which may be a copy: strings are taken from the
+    /// input at `op_pos`, to live as long as it).
+    fn step(&mut self, code: u8, ins: &[u8]) -> R<()> {
         match code {
             op::FRAME | op::PROTO => {}
             op::MARK => self.marks.push(self.stack.len()),
@@ -1365,7 +1377,13 @@ impl<'a, 'c> Vm<'a, 'c> {
                     _ => 9,
                 };
                 // Invalid UTF-8 (or CPython's surrogate escapes) is the sequential reader's job.
-                let s = std::str::from_utf8(&ins[skip..]).map_err(|_| Unsupported)?;
+                let at = self.op_pos;
+                let raw = self
+                    .ctx
+                    .data
+                    .get(at + skip..at + ins.len())
+                    .ok_or(Unsupported)?;
+                let s = std::str::from_utf8(raw).map_err(|_| Unsupported)?;
                 let i = self.a.intern(s);
                 self.stack.push(LVal::Str(i));
             }
