@@ -56,6 +56,9 @@ pub(crate) struct Part {
     pub rows: Vec<Row>,
     pub metas: Vec<Meta>,
     meta_index: FxHashMap<Meta, u32>,
+    /// The last metadata id used per action, as `id + 1` (0: none yet): entries alternate
+    /// between a few actions, each mostly with one metadata.
+    recent_meta: [u32; 16],
     time_base: Option<i64>,
     /// (row, value), rows ascending.
     wide_times: Vec<(u32, i64)>,
@@ -71,6 +74,14 @@ fn side<T: Copy>(table: &[(u32, T)], row: u32) -> Option<T> {
 }
 
 impl Part {
+    /// Empty, with room for `rows` rows (the rest of the room goes at [`seal`](Self::seal)).
+    pub fn with_capacity(rows: usize) -> Part {
+        Part {
+            rows: Vec::with_capacity(rows),
+            ..Part::default()
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.rows.len()
     }
@@ -107,18 +118,22 @@ impl Part {
     }
 
     pub fn meta_id(&mut self, meta: Meta) -> u32 {
-        // Runs of entries share their metadata: try the previous row's first.
-        if let Some(r) = self.rows.last() {
-            if self.metas[r.meta as usize] == meta {
-                return r.meta;
+        let recent = &mut self.recent_meta[meta.action as usize % 16];
+        if let Some(id) = recent.checked_sub(1) {
+            if self.metas[id as usize] == meta {
+                return id;
             }
         }
-        if let Some(&id) = self.meta_index.get(&meta) {
-            return id;
-        }
-        let id = self.metas.len() as u32;
-        self.metas.push(meta);
-        self.meta_index.insert(meta, id);
+        let id = match self.meta_index.get(&meta) {
+            Some(&id) => id,
+            None => {
+                let id = self.metas.len() as u32;
+                self.metas.push(meta);
+                self.meta_index.insert(meta, id);
+                id
+            }
+        };
+        *recent = id + 1;
         id
     }
 

@@ -794,8 +794,11 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> Self {
-        let base = ctx.chunks[index].memo_base;
-        let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, base);
+        let c = &ctx.chunks[index];
+        let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, c.memo_base);
+        // A trace entry takes 60 bytes or more: room for all of them, so the rows are not
+        // copied as they grow (untouched room costs no memory).
+        vm.part = Part::with_capacity((c.end - c.start) / 60);
         vm.a.lists = std::mem::take(&mut spare.lists);
         vm.a.dicts = std::mem::take(&mut spare.dicts);
         vm.a.tuples = std::mem::take(&mut spare.tuples);
