@@ -7,7 +7,10 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
+
 use super::replay::DeviceReplay;
+use super::summary::piece_entries;
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot};
 
 /// The moment a layout describes.
@@ -166,7 +169,29 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
         Moment::WindowStart => 0,
         Moment::After(e) => e as usize + 1,
     };
-    for e in trace.range(first_undone..trace.len()).rev() {
+    // Only segment events change the segments: find them on every core (reading each entry
+    // whole, in reverse, costs more than the rest of the layout), then undo them in reverse.
+    let segment_events: Vec<usize> = trace
+        .pieces(piece_entries())
+        .into_par_iter()
+        .filter(|p| p.end > first_undone)
+        .flat_map_iter(|p| {
+            let mut found = Vec::new();
+            trace.for_each_core(p.start.max(first_undone)..p.end, |i, e| {
+                if matches!(
+                    e.action,
+                    Action::SegmentAlloc
+                        | Action::SegmentFree
+                        | Action::SegmentMap
+                        | Action::SegmentUnmap
+                ) {
+                    found.push(i);
+                }
+            });
+            found
+        })
+        .collect();
+    for e in segment_events.into_iter().rev().map(|i| trace.at(i)) {
         match e.action {
             Action::SegmentAlloc => {
                 segs.remove(&e.addr);

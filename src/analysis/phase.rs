@@ -273,22 +273,55 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // without any take their phase from the evidence before them at the end.
     let mut per_event: Vec<Phase> = vec![Phase::Unknown; trace.len()];
     let mut source_per_event: Vec<Source> = vec![Source::None; trace.len()];
-    // Annotated time ranges cover every event inside them, frees included (in order: the
-    // cursor follows the time).
+    let piece = piece_entries(); // read once: the evidence and the trace are cut alike
+                                 // Annotated time ranges cover every event inside them, frees included. A cursor over the
+                                 // ranges follows the time; it only moves forward, so where it stands at an event depends
+                                 // on the latest time before it alone: each piece starts it from the latest time of the
+                                 // pieces before (and the pieces run on every core).
     if !ranges.is_empty() {
-        let mut range_idx = 0;
-        for (i, e) in trace.iter().enumerate() {
-            let Some(t) = e.time_us else { continue };
-            while range_idx < ranges.len() && ranges[range_idx].1 < t {
-                range_idx += 1;
+        let advance = |mut idx: usize, t: i64| {
+            while idx < ranges.len() && ranges[idx].1 < t {
+                idx += 1;
             }
-            if let Some(&(start, end, phase)) = ranges.get(range_idx) {
-                if start <= t && t <= end {
-                    per_event[i] = phase;
-                    source_per_event[i] = Source::Annotation;
-                }
-            }
-        }
+            idx
+        };
+        let latest: Vec<Option<i64>> = trace
+            .pieces(piece)
+            .into_par_iter()
+            .map(|p| {
+                let mut latest = None;
+                trace.for_each_time(p, |_, t| latest = latest.max(t));
+                latest
+            })
+            .collect();
+        let mut before = None;
+        let starts: Vec<Option<i64>> = latest
+            .iter()
+            .map(|&l| {
+                let start = before;
+                before = before.max(l);
+                start
+            })
+            .collect();
+        per_event
+            .par_chunks_mut(piece)
+            .zip(source_per_event.par_chunks_mut(piece))
+            .zip(trace.pieces(piece))
+            .zip(starts)
+            .for_each(|(((phases, sources), p), start_time)| {
+                let first = p.start;
+                let mut range_idx = start_time.map_or(0, |t| advance(0, t));
+                trace.for_each_time(p, |i, t| {
+                    let Some(t) = t else { return };
+                    range_idx = advance(range_idx, t);
+                    if let Some(&(start, end, phase)) = ranges.get(range_idx) {
+                        if start <= t && t <= end {
+                            phases[i - first] = phase;
+                            sources[i - first] = Source::Annotation;
+                        }
+                    }
+                });
+            });
     }
     // Metadata and frames say something of each event alone: on every core, with the phase of
     // each stack found once (benign races: two threads may both work it out).
@@ -309,7 +342,6 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             k => Some(Phase::ALL[k as usize]),
         }
     };
-    let piece = piece_entries(); // read once: the evidence and the trace are cut alike
     per_event
         .par_chunks_mut(piece)
         .zip(source_per_event.par_chunks_mut(piece))

@@ -278,21 +278,24 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     // The replay, the phases and the data-quality checks each read the whole trace: on big
     // traces they run side by side.
     let mut timer = crate::timing::Timer::new();
-    let (replay, (phases, summary)) = rayon::join(
+    // The replay reads the trace in order, on one core; the others find phases, summarize
+    // the trace and run the checks that need only the summary.
+    let (replay, (phases, (summary, checks))) = rayon::join(
         || replay_device(snapshot, device),
         || {
             rayon::join(
                 || find_phases(snapshot, device),
-                || super::summary::summarize(snapshot, device),
+                || {
+                    let summary = super::summary::summarize(snapshot, device);
+                    let checks = super::quality::trace_checks(snapshot, device, &summary);
+                    (summary, checks)
+                },
             )
         },
     );
     timer.lap("replay, phases and trace summary");
     let (data_quality, mut report) = rayon::join(
-        || {
-            let checks = super::quality::trace_checks(snapshot, device, &summary);
-            super::quality::device_quality(snapshot, device, &replay, checks, &summary)
-        },
+        || super::quality::device_quality(snapshot, device, &replay, checks, &summary),
         || device_report_with(snapshot, device, options, &replay, phases, &summary),
     );
     report.data_quality = data_quality;

@@ -181,6 +181,16 @@ impl Part {
         }
     }
 
+    /// The time of row `i` alone.
+    #[inline]
+    pub fn time_us(&self, i: usize) -> Option<i64> {
+        match self.rows[i].time {
+            NO_TIME => None,
+            WIDE_TIME => side(&self.wide_times, i as u32),
+            d => self.time_base.map(|b| b + i64::from(d)),
+        }
+    }
+
     /// What most passes read of row `i`: no time, stream or metadata lookups.
     #[inline]
     pub fn core(&self, i: usize) -> Core {
@@ -331,8 +341,14 @@ impl Trace {
     }
 
     /// Calls `f(index, core)` for the entries in `range` (clamped to the trace), in order.
-    #[inline]
+    #[inline(always)]
     pub fn for_each_core(&self, range: Range<usize>, mut f: impl FnMut(usize, Core)) {
+        self.for_each_row(range, |i, part, row| f(i, part.core(row)));
+    }
+
+    /// Calls `f(index, part, row)` for the entries in `range` (clamped to the trace), in order.
+    #[inline(always)]
+    fn for_each_row(&self, range: Range<usize>, mut f: impl FnMut(usize, &Part, usize)) {
         let end = range.end.min(self.len);
         let start = range.start.min(end);
         if start == end {
@@ -350,9 +366,14 @@ impl Trace {
             let hi = end.min(s.start + s.rows.len());
             let offset = s.rows.start + lo - s.start;
             for k in 0..hi - lo {
-                f(lo + k, s.part.core(offset + k));
+                f(lo + k, &s.part, offset + k);
             }
         }
+    }
+
+    /// Calls `f(index, time_us)` for the entries in `range` (clamped to the trace), in order.
+    pub fn for_each_time(&self, range: Range<usize>, mut f: impl FnMut(usize, Option<i64>)) {
+        self.for_each_row(range, |i, part, row| f(i, part.time_us(row)));
     }
 
     /// Every entry in order.
