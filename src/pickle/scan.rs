@@ -111,12 +111,17 @@ pub fn op_len(data: &[u8], pos: usize) -> Step {
     }
 }
 
+/// What walking a range found.
 #[derive(Clone, Copy, Debug, Default)]
-struct Walk {
-    memos: u32,
-    stop: Option<usize>,
-    cut: Option<usize>,
-    unsupported: bool,
+pub struct Walk {
+    /// MEMOIZE opcodes.
+    pub memos: u32,
+    /// Position of STOP, where the walk ended.
+    pub stop: Option<usize>,
+    /// Position of the first incomplete opcode.
+    pub cut: Option<usize>,
+    /// An opcode the parallel reader does not handle.
+    pub unsupported: bool,
 }
 
 /// Opcode lengths for the walk's fast step: the low four bits are the length (1..=9), `VAR1`
@@ -359,6 +364,83 @@ pub fn scan(
     release: &(dyn Fn(usize, usize) + Sync),
     peek: &dyn Fn(usize, &mut [u8]) -> usize,
 ) -> Option<Scan> {
+    scan_planned(data, plan(data, chunk_bytes, peek)?, release)
+}
+
+/// [`scan`] of an input already cut into ranges.
+pub fn scan_planned(
+    data: &[u8],
+    plan: Plan,
+    release: &(dyn Fn(usize, usize) + Sync),
+) -> Option<Scan> {
+    let walks: Vec<Walk> = plan
+        .ranges
+        .par_chunks(LANES)
+        .flat_map_iter(|group| {
+            let w = walk_group(data, &plan.headers, group);
+            for &(s, e) in group {
+                release(s, e);
+            }
+            w
+        })
+        .collect();
+    let mut chunks = Vec::with_capacity(plan.ranges.len());
+    let mut memos: u64 = 0;
+    for ((s, e), w) in plan.ranges.into_iter().zip(walks) {
+        if w.unsupported && w.stop.is_none() {
+            return None;
+        }
+        if memos + w.memos as u64 > u32::MAX as u64 {
+            return None;
+        }
+        chunks.push(Chunk {
+            start: s,
+            end: w.stop.map_or(w.cut.unwrap_or(e), |p| p + 1),
+            memo_base: memos as u32,
+            memos: w.memos,
+        });
+        memos += w.memos as u64;
+        if let Some(stop) = w.stop {
+            return Some(Scan {
+                chunks,
+                end: End::Stop(stop),
+            });
+        }
+        if let Some(cut) = w.cut {
+            // A cut inside a frame that is not the last one: opcodes span frames.
+            if e != data.len() {
+                return None;
+            }
+            return Some(Scan {
+                chunks,
+                end: End::Truncated(cut),
+            });
+        }
+    }
+    Some(Scan {
+        chunks,
+        end: End::Truncated(plan.header_cut.unwrap_or(data.len())),
+    })
+}
+
+/// The chunks of an input before they are walked.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Byte ranges of whole opcodes, about `chunk_bytes` each, in order.
+    pub ranges: Vec<(usize, usize)>,
+    /// Positions of the FRAME headers between frames, in order.
+    pub headers: Vec<usize>,
+    /// A frame header cut off by the end of the input.
+    pub header_cut: Option<usize>,
+}
+
+/// Cuts `data` into ranges of whole opcodes by hopping over the FRAME headers. `None` when
+/// the input is not a protocol 4/5 pickle (or its frames run far past its end).
+pub fn plan(
+    data: &[u8],
+    chunk_bytes: usize,
+    peek: &dyn Fn(usize, &mut [u8]) -> usize,
+) -> Option<Plan> {
     if data.len() < 2 || data[0] != op::PROTO || !(4..=5).contains(&data[1]) {
         return None;
     }
@@ -426,53 +508,19 @@ pub fn scan(
             _ => ranges.push((s, e)),
         }
     }
-    let walks: Vec<Walk> = ranges
-        .par_chunks(LANES)
-        .flat_map_iter(|group| {
-            let w = walk_group(data, &headers, group);
-            for &(s, e) in group {
-                release(s, e);
-            }
-            w
-        })
-        .collect();
-    let mut chunks = Vec::with_capacity(ranges.len());
-    let mut memos: u64 = 0;
-    for ((s, e), w) in ranges.into_iter().zip(walks) {
-        if w.unsupported && w.stop.is_none() {
-            return None;
-        }
-        if memos + w.memos as u64 > u32::MAX as u64 {
-            return None;
-        }
-        chunks.push(Chunk {
-            start: s,
-            end: w.stop.map_or(w.cut.unwrap_or(e), |p| p + 1),
-            memo_base: memos as u32,
-            memos: w.memos,
-        });
-        memos += w.memos as u64;
-        if let Some(stop) = w.stop {
-            return Some(Scan {
-                chunks,
-                end: End::Stop(stop),
-            });
-        }
-        if let Some(cut) = w.cut {
-            // A cut inside a frame that is not the last one: opcodes span frames.
-            if e != data.len() {
-                return None;
-            }
-            return Some(Scan {
-                chunks,
-                end: End::Truncated(cut),
-            });
-        }
-    }
-    Some(Scan {
-        chunks,
-        end: End::Truncated(header_cut.unwrap_or(data.len())),
+    Some(Plan {
+        ranges,
+        headers,
+        header_cut,
     })
+}
+
+/// Walks `ranges` of `plan` on this thread, `LANES` at a time.
+pub fn walk_in_order(data: &[u8], plan: &Plan, ranges: &[(usize, usize)]) -> Vec<Walk> {
+    ranges
+        .chunks(LANES)
+        .flat_map(|group| walk_group(data, &plan.headers, group))
+        .collect()
 }
 
 /// Where memo index `index` was stored: the position of the opcode that pushed the value
@@ -486,11 +534,16 @@ pub fn memo_source(data: &[u8], chunks: &[Chunk], index: u32) -> Option<usize> {
     if want >= c.memos {
         return None;
     }
-    let data = &data[..c.end];
+    memo_source_in(data, c.start, c.end, want)
+}
+
+/// The position of the opcode whose value the `want`-th MEMOIZE of `start..end` stored.
+pub fn memo_source_in(data: &[u8], start: usize, end: usize, want: u32) -> Option<usize> {
+    let data = data.get(..end)?;
     let mut seen = 0;
     let mut prev: Option<usize> = None;
-    let mut pos = c.start;
-    while pos < c.end {
+    let mut pos = start;
+    while pos < end {
         let Step::Len(n) = op_len(data, pos) else {
             return None;
         };

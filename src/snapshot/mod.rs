@@ -169,6 +169,13 @@ pub fn load_bytes_parallel(bytes: &[u8]) -> Option<Snapshot> {
     load_bytes_parallel_with(bytes, 0, LoadOptions::default()).and_then(Result::ok)
 }
 
+/// Tests: with two threads, the chunk from which the second one reads (`None`: chosen as the
+/// reading goes).
+#[doc(hidden)]
+pub fn force_in_order_split(chunk: Option<usize>) {
+    fast::force_split(chunk);
+}
+
 /// [`load_bytes_parallel`] with chunks of about `chunk_bytes` instead of the default 1 MiB.
 #[doc(hidden)]
 pub fn load_bytes_parallel_chunked(bytes: &[u8], chunk_bytes: usize) -> Option<Snapshot> {

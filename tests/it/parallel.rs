@@ -236,8 +236,11 @@ fn one_thread_and_many_threads_read_the_same() {
                         .map(|s| (canonical(&s), report_json(s)))
                 })
         };
+        // One thread reads the chunks in order; two split them between a first thread and a
+        // helper that walks ahead; four walk every chunk first.
         let one = run(1);
-        assert!(one == run(4), "{}", path.display());
+        assert!(one == run(2), "{}: two threads", path.display());
+        assert!(one == run(4), "{}: four threads", path.display());
         assert!(
             one.map(|(_, report)| report) == whole,
             "{}: the pieces change the report",
@@ -245,4 +248,25 @@ fn one_thread_and_many_threads_read_the_same() {
         );
     }
     snapscan::analysis::summary::set_piece_entries(default_piece);
+}
+
+/// With two threads the second one walks ahead and reads from a chunk on: wherever that is,
+/// the snapshot is the same.
+#[test]
+fn two_threads_read_the_same_wherever_they_meet() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for path in common::snapshot_fixtures() {
+        let data = read(&path);
+        let whole = snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s));
+        for split in [0, 1, 2, 3, 5, 9, 17, 40, 1000] {
+            snapshot::force_in_order_split(Some(split));
+            let got = pool
+                .install(|| snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s)));
+            snapshot::force_in_order_split(None);
+            assert!(got == whole, "{}: split at chunk {split}", path.display());
+        }
+    }
 }

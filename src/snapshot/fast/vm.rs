@@ -9,6 +9,7 @@
 //! file never exist. Anything unusual returns [`Unsupported`] and the caller falls back to the
 //! sequential reader, which then gives the exact result or error.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use rustc_hash::FxHashMap;
@@ -164,25 +165,84 @@ pub struct Ctx<'a> {
     pub data: &'a [u8],
     /// Copies bytes of the input without mapping its pages (see `InputBytes::peek`).
     peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
+    /// Byte ranges of the chunks (their memo fields are not read: see `bases`).
     pub chunks: Vec<Chunk>,
+    /// Memo index of each chunk's first MEMOIZE and how many it has (`UNKNOWN` until known:
+    /// when chunks are read in order, they become known as the reading goes).
+    bases: Vec<AtomicU32>,
+    counts: Vec<AtomicU32>,
+    /// Set once every chunk's counts are known.
+    all_known: AtomicBool,
+    /// Positions of the FRAME headers between frames, in order.
+    pub frame_headers: Vec<usize>,
     release: &'a (dyn Fn(usize, usize) + Sync),
     resolved: Mutex<FxHashMap<u32, Resolved<'a>>>,
 }
+
+/// A chunk's memo counts not known yet.
+pub const UNKNOWN: u32 = u32::MAX;
 
 impl<'a> Ctx<'a> {
     pub fn new(
         data: &'a [u8],
         chunks: Vec<Chunk>,
+        frame_headers: Vec<usize>,
         release: &'a (dyn Fn(usize, usize) + Sync),
         peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
     ) -> Ctx<'a> {
+        let bases = chunks.iter().map(|c| AtomicU32::new(c.memo_base)).collect();
+        let counts = chunks.iter().map(|c| AtomicU32::new(c.memos)).collect();
+        let all_known = chunks
+            .iter()
+            .all(|c| c.memo_base != UNKNOWN && c.memos != UNKNOWN);
         Ctx {
             data,
             peek,
             chunks,
+            bases,
+            counts,
+            all_known: AtomicBool::new(all_known),
+            frame_headers,
             release,
             resolved: Mutex::new(FxHashMap::default()),
         }
+    }
+
+    /// Memo index of chunk `k`'s first MEMOIZE, once known.
+    pub fn memo_base(&self, k: usize) -> Option<u32> {
+        let b = self.bases.get(k)?.load(Ordering::Acquire);
+        (b != UNKNOWN).then_some(b)
+    }
+
+    fn memo_count(&self, k: usize) -> Option<u32> {
+        let n = self.counts.get(k)?.load(Ordering::Acquire);
+        (n != UNKNOWN).then_some(n)
+    }
+
+    /// Records chunk `k`'s memo base and count (count `UNKNOWN`: the base alone). Counts found
+    /// twice (by a walk and by running the chunk) must agree.
+    pub fn set_counts(&self, k: usize, base: u32, count: u32) -> R<()> {
+        for (cell, v) in [(&self.bases[k], base), (&self.counts[k], count)] {
+            if v == UNKNOWN {
+                continue;
+            }
+            match cell.compare_exchange(UNKNOWN, v, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {}
+                Err(old) if old == v => {}
+                Err(_) => return Err(Unsupported),
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks every chunk's counts as known (after checking that they are).
+    pub fn seal_counts(&self) -> R<()> {
+        for k in 0..self.chunks.len() {
+            self.memo_base(k).ok_or(Unsupported)?;
+            self.memo_count(k).ok_or(Unsupported)?;
+        }
+        self.all_known.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The value stored under memo index `g` when it is a scalar or a string (read back from
@@ -193,13 +253,19 @@ impl<'a> Ctx<'a> {
                 return *r;
             }
         }
-        let r = match scan::memo_source(self.data, &self.chunks, g) {
-            Some(pos) => decode_scalar(self.data, pos),
+        let r = match self.chunk_of_memo(g) {
+            Some(k) => {
+                let c = &self.chunks[k];
+                let want = g - self.memo_base(k).unwrap_or(g);
+                let r = match scan::memo_source_in(self.data, c.start, c.end, want) {
+                    Some(pos) => decode_scalar(self.data, pos),
+                    None => Resolved::Unknown,
+                };
+                (self.release)(c.start, c.end);
+                r
+            }
             None => Resolved::Unknown,
         };
-        if let Some(k) = self.chunk_of_memo(g) {
-            (self.release)(self.chunks[k].start, self.chunks[k].end);
-        }
         if let Ok(mut map) = self.resolved.lock() {
             map.insert(g, r);
         }
@@ -208,11 +274,25 @@ impl<'a> Ctx<'a> {
 
     /// Index of the chunk whose MEMOIZEs assign memo index `g`.
     pub fn chunk_of_memo(&self, g: u32) -> Option<usize> {
-        let k = self
-            .chunks
-            .partition_point(|c| c.memo_base <= g)
-            .checked_sub(1)?;
-        (g - self.chunks[k].memo_base < self.chunks[k].memos).then_some(k)
+        let holds = |k: usize| match (self.memo_base(k), self.memo_count(k)) {
+            (Some(b), Some(n)) => b <= g && g - b < n,
+            _ => false,
+        };
+        if !self.all_known.load(Ordering::Acquire) {
+            // While chunks are still being read, known ones are not a sorted prefix.
+            return (0..self.chunks.len()).find(|&k| holds(k));
+        }
+        let (mut lo, mut hi) = (0, self.chunks.len());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.memo_base(mid).is_some_and(|b| b <= g) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let k = lo.checked_sub(1)?;
+        holds(k).then_some(k)
     }
 }
 
@@ -760,6 +840,10 @@ pub struct ChunkOut<'a> {
     pub empty_lists: Vec<u64>,
     /// Frame dicts captured here: (memo index, frame), sorted.
     pub frames: Vec<(u32, FrameC)>,
+    /// How many memo indices the chunk's MEMOIZEs assigned.
+    pub memos: u32,
+    /// True when the chunk ran up to STOP.
+    pub stopped: bool,
 }
 
 impl<'a, 'c> Vm<'a, 'c> {
@@ -793,9 +877,10 @@ impl<'a, 'c> Vm<'a, 'c> {
         }
     }
 
-    pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> Self {
+    pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> R<Self> {
         let c = &ctx.chunks[index];
-        let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, c.memo_base);
+        let base = ctx.memo_base(index).ok_or(Unsupported)?;
+        let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, base);
         // A trace entry takes 60 bytes or more: room for all of them, so the rows are not
         // copied as they grow (untouched room costs no memory).
         vm.part = Part::with_capacity((c.end - c.start) / 60);
@@ -806,7 +891,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         vm.a.dpool = std::mem::take(&mut spare.dpool);
         vm.memo = std::mem::take(&mut spare.memo);
         vm.stack = std::mem::take(&mut spare.stack);
-        vm
+        Ok(vm)
     }
 
     pub fn stitch(ctx: &'c Ctx<'a>) -> Self {
@@ -964,6 +1049,14 @@ impl<'a, 'c> Vm<'a, 'c> {
                     pos = end;
                     continue;
                 }
+            }
+            // A FRAME that is not one of the headers between frames (inside a frame's body,
+            // which CPython refuses), or a second PROTO of an unknown version: the sequential
+            // reader says what is wrong.
+            let stray_frame = code == op::FRAME
+                && self.ctx.frame_headers.binary_search(&self.op_pos).is_err();
+            if stray_frame || (code == op::PROTO && data[self.op_pos + 1] > 5) {
+                return Err(Unsupported);
             }
             self.step(code, &data[self.op_pos..pos])?;
         }
@@ -1901,6 +1994,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             memo_lists,
             empty_lists,
             frames,
+            memos: 0,
+            stopped: false,
         })
     }
 }
@@ -1938,9 +2033,13 @@ impl StackView for Vm<'_, '_> {
 /// Runs chunk `index` of the input.
 pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare) -> R<ChunkOut<'a>> {
     let c = &ctx.chunks[index];
-    let mut vm = Vm::chunk(ctx, index, spare);
-    vm.run(c.start, c.end)?;
-    vm.finish(spare)
+    let mut vm = Vm::chunk(ctx, index, spare)?;
+    let stopped = vm.run(c.start, c.end)?;
+    let memos = vm.memo_next - vm.memo_base;
+    let mut out = vm.finish(spare)?;
+    out.memos = memos;
+    out.stopped = stopped;
+    Ok(out)
 }
 
 #[allow(dead_code)]
