@@ -1053,8 +1053,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             // A FRAME that is not one of the headers between frames (inside a frame's body,
             // which CPython refuses), or a second PROTO of an unknown version: the sequential
             // reader says what is wrong.
-            let stray_frame = code == op::FRAME
-                && self.ctx.frame_headers.binary_search(&self.op_pos).is_err();
+            let stray_frame =
+                code == op::FRAME && self.ctx.frame_headers.binary_search(&self.op_pos).is_err();
             if stray_frame || (code == op::PROTO && data[self.op_pos + 1] > 5) {
                 return Err(Unsupported);
             }
@@ -1297,16 +1297,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         };
         let ok = match end {
             Some(end) if self.a.pool.len() + refs.len() < u32::MAX as usize => {
-                let slot = match self.slot_index.get(refs.as_slice()) {
-                    Some(&s) => s,
-                    None => {
-                        let s = self.slots.len() as u32;
-                        let boxed: Box<[u32]> = refs.as_slice().into();
-                        self.slots.push(Slot::Content(boxed.clone()));
-                        self.slot_index.insert(boxed, s);
-                        s
-                    }
-                };
+                let slot = self.slot_of(&refs);
                 // The items stay readable as a list (for anything else that fetches it).
                 let start = self.a.pool.len() as u32;
                 self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
@@ -1799,18 +1790,21 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.scratch = refs;
             return Err(Unsupported);
         }
-        let slot = match self.slot_index.get(refs.as_slice()) {
-            Some(&s) => s,
-            None => {
-                let s = self.slots.len() as u32;
-                let boxed: Box<[u32]> = refs.as_slice().into();
-                self.slots.push(Slot::Content(boxed.clone()));
-                self.slot_index.insert(boxed, s);
-                s
-            }
-        };
+        let slot = self.slot_of(&refs);
         self.scratch = refs;
         Ok(slot)
+    }
+
+    /// The stack slot of frames `refs` (memo indices of frame dicts), made on first sight.
+    fn slot_of(&mut self, refs: &[u32]) -> u32 {
+        if let Some(&s) = self.slot_index.get(refs) {
+            return s;
+        }
+        let s = self.slots.len() as u32;
+        let boxed: Box<[u32]> = refs.into();
+        self.slots.push(Slot::Content(boxed.clone()));
+        self.slot_index.insert(boxed, s);
+        s
     }
 
     /// A frame dict as the memo index it was stored under (its identity across chunks); a
