@@ -32,9 +32,7 @@ impl InputBytes {
             }
         }
     }
-}
 
-impl InputBytes {
     /// Copies the bytes at `pos` into `buf` (fewer at the end); returns how many. A mapped
     /// file is read with a system call: touching the map for a few bytes maps (and then holds)
     /// every page around them.

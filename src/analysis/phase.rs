@@ -273,11 +273,12 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // without any take their phase from the evidence before them at the end.
     let mut per_event: Vec<Phase> = vec![Phase::Unknown; trace.len()];
     let mut source_per_event: Vec<Source> = vec![Source::None; trace.len()];
-    let piece = piece_entries(); // read once: the evidence and the trace are cut alike
-                                 // Annotated time ranges cover every event inside them, frees included. A cursor over the
-                                 // ranges follows the time; it only moves forward, so where it stands at an event depends
-                                 // on the latest time before it alone: each piece starts it from the latest time of the
-                                 // pieces before (and the pieces run on every core).
+    // Read once: the evidence and the trace are cut alike.
+    let piece = piece_entries();
+    // Annotated time ranges cover every event inside them, frees included. A cursor over the
+    // ranges follows the time; it only moves forward, so where it stands at an event depends
+    // on the latest time before it alone: each piece starts it from the latest time of the
+    // pieces before (and the pieces run on every core).
     if !ranges.is_empty() {
         let advance = |mut idx: usize, t: i64| {
             while idx < ranges.len() && ranges[idx].1 < t {

@@ -4,7 +4,7 @@
 mod json;
 pub mod opcodes;
 pub(crate) mod reader;
-pub mod scan;
+pub(crate) mod scan;
 mod value;
 
 pub use json::parse_json;

@@ -126,7 +126,7 @@ pub struct Walk {
 
 /// Opcode lengths for the walk's fast step: the low four bits are the length (1..=9), `VAR1`
 /// set adds the byte after the opcode (one-byte length prefix); 0 = the careful step decides
-/// (other variable lengths, STOP, PROTO, FRAME, anything unsupported).
+/// (other variable lengths, STOP, PROTO, anything unsupported).
 const VAR1: u8 = 0x80;
 static FAST_LEN: [u8; 256] = {
     let mut t = [0u8; 256];
@@ -159,11 +159,18 @@ static FAST_LEN: [u8; 256] = {
     t[op::BININT as usize] = 5;
     t[op::LONG_BINGET as usize] = 5;
     t[op::BINFLOAT as usize] = 9;
-    // FRAME goes the careful way: it must be one of the headers the hop found.
+    t[op::FRAME as usize] = 9;
     t[op::LONG1 as usize] = VAR1 | 2;
     t[op::SHORT_BINUNICODE as usize] = VAR1 | 2;
     t
 };
+
+/// Length of an opcode with table entry `t` (not 0) whose next byte is `next`: without
+/// branches on the opcode's kind (they mispredict on every other opcode).
+#[inline(always)]
+fn table_len(t: u8, next: u8) -> usize {
+    (t & 0x0f) as usize + (t >> 7) as usize * next as usize
+}
 
 /// One walk in progress (several run interleaved: each step waits on the previous one's
 /// length, so walking four chunks at once keeps the core busy).
@@ -176,27 +183,25 @@ struct Cursor {
 
 impl Cursor {
     #[inline(always)]
-    fn step(&mut self, data: &[u8], headers: &[usize]) {
+    fn step(&mut self, data: &[u8]) {
         let p = self.pos;
-        // Without branches on the opcode's kind (they mispredict on every other opcode): the
-        // length is the table's plus, for one-byte-prefixed payloads, that byte.
         if p + 9 < self.end {
             let c = data[p];
             let t = FAST_LEN[c as usize];
-            let var = (t >> 7) as usize;
-            let q = p + (t & 0x0f) as usize + var * data[p + 1] as usize;
+            let q = p + table_len(t, data[p + 1]);
             if t != 0 && q <= self.end {
                 self.w.memos += (c == op::MEMOIZE) as u32;
                 self.pos = q;
                 return;
             }
         }
-        self.careful(data, headers);
+        self.careful(data);
     }
 
-    /// `headers`: the positions of the FRAME headers between frames, in order.
+    /// What the walk checks beyond counting: STOP, a cut and opcodes outside the table. Stray
+    /// FRAME and PROTO opcodes are the chunk machine's to refuse (it runs every chunk).
     #[cold]
-    fn careful(&mut self, data: &[u8], headers: &[usize]) {
+    fn careful(&mut self, data: &[u8]) {
         let data = &data[..self.end];
         let pos = self.pos;
         if pos >= self.end {
@@ -207,18 +212,8 @@ impl Cursor {
             Step::Len(n) => {
                 match data[pos] {
                     op::MEMOIZE => self.w.memos += 1,
-                    // A FRAME inside a frame's body (CPython refuses a frame begun before the
-                    // end of the current one): the sequential reader says what is wrong.
-                    op::FRAME if headers.binary_search(&pos).is_err() => {
-                        self.w.unsupported = true;
-                        self.done = true;
-                    }
                     op::STOP => {
                         self.w.stop = Some(pos);
-                        self.done = true;
-                    }
-                    op::PROTO if data[pos + 1] > 5 => {
-                        self.w.unsupported = true;
                         self.done = true;
                     }
                     _ => {}
@@ -243,7 +238,7 @@ const FAST_MARGIN: usize = 2 + 255 + 9;
 
 /// How many walks run interleaved: each step waits on the previous one's length (two loads
 /// in a row), so one walk alone leaves the core idle most of the time.
-const LANES: usize = 4;
+pub const LANES: usize = 4;
 
 /// Steps all cursors while each is clear of its end and at an opcode of the table; positions
 /// stay in registers (through memory, every step would wait on a store).
@@ -279,7 +274,7 @@ fn fast_lanes(data: &[u8], cs: &mut [Cursor]) {
         }
         for i in 0..LANES {
             m[i] += (c[i] == op::MEMOIZE) as u32;
-            p[i] += (t[i] & 0x0f) as usize + (t[i] >> 7) as usize * data[p[i] + 1] as usize;
+            p[i] += table_len(t[i], data[p[i] + 1]);
         }
     }
     for i in 0..LANES {
@@ -289,7 +284,7 @@ fn fast_lanes(data: &[u8], cs: &mut [Cursor]) {
 }
 
 /// Walks up to `LANES` ranges at once.
-fn walk_group(data: &[u8], headers: &[usize], ranges: &[(usize, usize)]) -> Vec<Walk> {
+fn walk_group(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
     let mut cs: Vec<Cursor> = ranges
         .iter()
         .map(|&(s, e)| Cursor {
@@ -304,13 +299,13 @@ fn walk_group(data: &[u8], headers: &[usize], ranges: &[(usize, usize)]) -> Vec<
             fast_lanes(data, &mut cs);
             // One careful step each (the one that stopped the fast loop needs it).
             for c in &mut cs {
-                c.step(data, headers);
+                c.step(data);
             }
         }
     }
     for c in &mut cs {
         while !c.done {
-            c.step(data, headers);
+            c.step(data);
         }
     }
     cs.into_iter().map(|c| c.w).collect()
@@ -330,10 +325,6 @@ fn walk(data: &[u8], start: usize, end: usize) -> Walk {
                         w.stop = Some(pos);
                         return w;
                     }
-                    op::PROTO if data[pos + 1] > 5 => {
-                        w.unsupported = true;
-                        return w;
-                    }
                     _ => {}
                 }
                 pos += n;
@@ -351,33 +342,15 @@ fn walk(data: &[u8], start: usize, end: usize) -> Walk {
     w
 }
 
-/// Cuts `data` into chunks of about `chunk_bytes` and walks them in parallel. `None` when the
-/// input is not a protocol 4/5 pickle made of the plain-data opcodes, or uses memo opcodes
-/// with explicit indices: the sequential reader handles those.
-///
-/// `peek(pos, buf)` copies the bytes at `pos` (as [`crate::input::InputBytes::peek`]): the
-/// frame headers are read with it, not through `data`, so that hopping from one to the next
-/// does not map the whole file page by page before the walks map it again.
-pub fn scan(
-    data: &[u8],
-    chunk_bytes: usize,
-    release: &(dyn Fn(usize, usize) + Sync),
-    peek: &dyn Fn(usize, &mut [u8]) -> usize,
-) -> Option<Scan> {
-    scan_planned(data, plan(data, chunk_bytes, peek)?, release)
-}
-
-/// [`scan`] of an input already cut into ranges.
-pub fn scan_planned(
-    data: &[u8],
-    plan: Plan,
-    release: &(dyn Fn(usize, usize) + Sync),
-) -> Option<Scan> {
+/// Walks the chunks of `plan` in parallel. `None` when the input is not made of the
+/// plain-data opcodes, or uses memo opcodes with explicit indices: the sequential reader
+/// handles those.
+pub fn scan(data: &[u8], plan: Plan, release: &(dyn Fn(usize, usize) + Sync)) -> Option<Scan> {
     let walks: Vec<Walk> = plan
         .ranges
         .par_chunks(LANES)
         .flat_map_iter(|group| {
-            let w = walk_group(data, &plan.headers, group);
+            let w = walk_group(data, group);
             for &(s, e) in group {
                 release(s, e);
             }
@@ -434,8 +407,13 @@ pub struct Plan {
     pub header_cut: Option<usize>,
 }
 
-/// Cuts `data` into ranges of whole opcodes by hopping over the FRAME headers. `None` when
-/// the input is not a protocol 4/5 pickle (or its frames run far past its end).
+/// Cuts `data` into ranges of whole opcodes of about `chunk_bytes` by hopping over the FRAME
+/// headers. `None` when the input is not a protocol 4/5 pickle (or its frames run far past its
+/// end).
+///
+/// `peek(pos, buf)` copies the bytes at `pos` (as [`crate::input::InputBytes::peek`]): the
+/// frame headers are read with it, not through `data`, so that hopping from one to the next
+/// does not map the whole file page by page before the walks map it again.
 pub fn plan(
     data: &[u8],
     chunk_bytes: usize,
@@ -453,13 +431,10 @@ pub fn plan(
     while pos < data.len() {
         let got = peek(pos, &mut head);
         if got >= 1 && head[0] == op::FRAME {
-            if got < 9 {
+            let Some(n) = arg_len(&head[..got], 0, 8) else {
                 header_cut = Some(pos);
                 break;
-            }
-            let n = u64::from_le_bytes([
-                head[1], head[2], head[3], head[4], head[5], head[6], head[7], head[8],
-            ]);
+            };
             headers.push(pos);
             let body = pos + 9;
             if (body as u64).saturating_add(n)
@@ -515,29 +490,16 @@ pub fn plan(
     })
 }
 
-/// Walks `ranges` of `plan` on this thread, `LANES` at a time.
-pub fn walk_in_order(data: &[u8], plan: &Plan, ranges: &[(usize, usize)]) -> Vec<Walk> {
+/// Walks `ranges` on this thread, `LANES` at a time.
+pub fn walk_in_order(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
     ranges
         .chunks(LANES)
-        .flat_map(|group| walk_group(data, &plan.headers, group))
+        .flat_map(|group| walk_group(data, group))
         .collect()
 }
 
-/// Where memo index `index` was stored: the position of the opcode that pushed the value
-/// MEMOIZE then stored (`None` when that is not in the same chunk, or unknown).
-pub fn memo_source(data: &[u8], chunks: &[Chunk], index: u32) -> Option<usize> {
-    let k = chunks
-        .partition_point(|c| c.memo_base <= index)
-        .checked_sub(1)?;
-    let c = &chunks[k];
-    let want = index - c.memo_base;
-    if want >= c.memos {
-        return None;
-    }
-    memo_source_in(data, c.start, c.end, want)
-}
-
-/// The position of the opcode whose value the `want`-th MEMOIZE of `start..end` stored.
+/// The position of the opcode whose value the `want`-th MEMOIZE of `start..end` stored (`None`
+/// when that is not in the range).
 pub fn memo_source_in(data: &[u8], start: usize, end: usize, want: u32) -> Option<usize> {
     let data = data.get(..end)?;
     let mut seen = 0;
@@ -567,9 +529,8 @@ mod tests {
     use super::*;
 
     fn scan_all(data: &[u8]) -> Option<Scan> {
-        scan(data, 1 << 20, &|_, _| {}, &|p, b| {
-            crate::input::peek_slice(data, p, b)
-        })
+        let plan = plan(data, 1 << 20, &|p, b| crate::input::peek_slice(data, p, b))?;
+        scan(data, plan, &|_, _| {})
     }
 
     fn framed(body: &[u8]) -> Vec<u8> {
@@ -585,7 +546,8 @@ mod tests {
         let s = scan_all(&p).unwrap();
         assert_eq!(s.chunks.iter().map(|c| c.memos).sum::<u32>(), 2);
         assert_eq!(s.end, End::Stop(p.len() - 1));
-        assert_eq!(memo_source(&p, &s.chunks, 1), Some(14));
+        let c = &s.chunks[0];
+        assert_eq!(memo_source_in(&p, c.start, c.end, 1), Some(14));
     }
 
     #[test]
@@ -607,7 +569,7 @@ mod tests {
         let n = p.len();
         let ranges = [(11, 200), (200, 211), (211, 700), (700, n), (n, n)];
         for group in [&ranges[..], &ranges[..4], &ranges[1..]] {
-            let w = walk_group(&p, &[2], group);
+            let w = walk_group(&p, group);
             for (got, &(s, e)) in w.iter().zip(group.iter()) {
                 let want = walk(&p, s, e);
                 assert_eq!(

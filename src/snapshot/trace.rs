@@ -159,22 +159,14 @@ impl Part {
             action: m.action,
             action_text: m.action_text,
             addr: r.addr,
-            size: if r.size == WIDE_SIZE {
-                side(&self.wide_sizes, row).unwrap_or(u64::from(WIDE_SIZE))
-            } else {
-                u64::from(r.size)
-            },
+            size: self.size(i),
             stream: m.stream,
             device_free: if m.has_device_free {
                 side(&self.device_free, row)
             } else {
                 None
             },
-            time_us: match r.time {
-                NO_TIME => None,
-                WIDE_TIME => side(&self.wide_times, row),
-                d => self.time_base.map(|b| b + i64::from(d)),
-            },
+            time_us: self.time_us(i),
             frames: StackId(r.stack),
             user_metadata: m.user_metadata,
             compile_context: m.compile_context,
@@ -200,12 +192,17 @@ impl Part {
             action: m.action,
             user_metadata: m.user_metadata,
             addr: r.addr,
-            size: if r.size == WIDE_SIZE {
-                side(&self.wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE))
-            } else {
-                u64::from(r.size)
-            },
+            size: self.size(i),
             frames: StackId(r.stack),
+        }
+    }
+
+    /// The size of row `i` alone.
+    #[inline]
+    fn size(&self, i: usize) -> u64 {
+        match self.rows[i].size {
+            WIDE_SIZE => side(&self.wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE)),
+            s => u64::from(s),
         }
     }
 

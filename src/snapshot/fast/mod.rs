@@ -54,9 +54,9 @@ pub type Loaded = (Snapshot, Option<PickleError>);
 /// read for now (see `InputBytes::release`). With `salvage`, a cut pickle gives what is
 /// complete (as `pickle::parse_salvage` keeps it).
 ///
-/// `done` counts progress for a bar over `data.len()`: the scan (about a quarter of the time)
-/// adds a quarter of the length when it has cut the input into chunks, then each chunk adds
-/// three quarters of its length when it has run.
+/// `done` counts progress for a bar over `data.len()`: each chunk adds its length when it has
+/// run; when every chunk is walked first, the walk (about a quarter of the time) adds a
+/// quarter of the length and each chunk three quarters of its own.
 ///
 /// `peek(pos, buf)` copies bytes at `pos` without touching `data`'s pages (see
 /// `InputBytes::peek`).
@@ -106,7 +106,7 @@ fn load_inner(
         None => {
             done.store(0, Ordering::Relaxed);
             let headers = plan.headers.clone();
-            let s = scan::scan_planned(data, plan, release).ok_or(Unsupported)?;
+            let s = scan::scan(data, plan, release).ok_or(Unsupported)?;
             done.fetch_add(data.len() as u64 / 4, Ordering::Relaxed);
             t.lap("scan");
             let cut = match s.end {
@@ -114,11 +114,11 @@ fn load_inner(
                 End::Truncated(at) => Some(at),
             };
             let ctx = Ctx::new(data, s.chunks, headers, release, peek);
-            let outs: Vec<ChunkOut<'_>> = (0..ctx.chunks.len())
+            let outs: Vec<ChunkOut<'_>> = (0..ctx.spans.len())
                 .into_par_iter()
                 .map_init(vm::Spare::default, |spare, k| {
                     let out = vm::run_chunk(&ctx, k, spare)?;
-                    let chunk = &ctx.chunks[k];
+                    let chunk = &ctx.spans[k];
                     release(chunk.start, chunk.end);
                     done.fetch_add((chunk.end - chunk.start) as u64 * 3 / 4, Ordering::Relaxed);
                     // The machine counts the MEMOIZEs it ran: the walk's count must agree.
@@ -216,7 +216,7 @@ fn read_in_order<'a>(
         ctx.set_counts(k, base, vm::UNKNOWN)?;
         let out = vm::run_chunk(&ctx, k, spare)?;
         ctx.set_counts(k, base, out.memos)?;
-        let c = &ctx.chunks[k];
+        let c = &ctx.spans[k];
         release(c.start, c.end);
         done.fetch_add((c.end - c.start) as u64, Ordering::Relaxed);
         if out.stopped && k + 1 != n {
@@ -240,7 +240,7 @@ fn read_in_order<'a>(
             };
             let (out, next) = run(k, base, &mut spare)?;
             base = next;
-            lead_pos.store(ctx.chunks[k].end, Ordering::Relaxed);
+            lead_pos.store(ctx.spans[k].end, Ordering::Relaxed);
             outs.push(out);
         }
         Ok(outs)
@@ -266,8 +266,8 @@ fn read_in_order<'a>(
                 c.1 = k;
                 break k;
             }
-            let group = &plan.ranges[k..(k + 4).min(n)];
-            for (j, w) in scan::walk_in_order(data, plan, group).iter().enumerate() {
+            let group = &plan.ranges[k..(k + scan::LANES).min(n)];
+            for (j, w) in scan::walk_in_order(data, group).iter().enumerate() {
                 if w.unsupported || w.stop.is_some() || w.cut.is_some() {
                     // Left to the first thread (it fails there if it must).
                     return Ok(Vec::new());
@@ -312,7 +312,7 @@ fn run_stitch<'a>(
     for (k, out) in outs.iter().enumerate() {
         if k > 0 {
             // The opcodes run here read the chunk's pages again.
-            let c = &vm.ctx.chunks[k - 1];
+            let c = &vm.ctx.spans[k - 1];
             release(c.start, c.end);
         }
         let mut copier = Copier::new(&out.a, false);

@@ -9,6 +9,7 @@
 //! file never exist. Anything unusual returns [`Unsupported`] and the caller falls back to the
 //! sequential reader, which then gives the exact result or error.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
@@ -165,8 +166,8 @@ pub struct Ctx<'a> {
     pub data: &'a [u8],
     /// Copies bytes of the input without mapping its pages (see `InputBytes::peek`).
     peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
-    /// Byte ranges of the chunks (their memo fields are not read: see `bases`).
-    pub chunks: Vec<Chunk>,
+    /// Byte ranges of the chunks.
+    pub spans: Vec<Range<usize>>,
     /// Memo index of each chunk's first MEMOIZE and how many it has (`UNKNOWN` until known:
     /// when chunks are read in order, they become known as the reading goes).
     bases: Vec<AtomicU32>,
@@ -198,7 +199,7 @@ impl<'a> Ctx<'a> {
         Ctx {
             data,
             peek,
-            chunks,
+            spans: chunks.iter().map(|c| c.start..c.end).collect(),
             bases,
             counts,
             all_known: AtomicBool::new(all_known),
@@ -237,7 +238,7 @@ impl<'a> Ctx<'a> {
 
     /// Marks every chunk's counts as known (after checking that they are).
     pub fn seal_counts(&self) -> R<()> {
-        for k in 0..self.chunks.len() {
+        for k in 0..self.spans.len() {
             self.memo_base(k).ok_or(Unsupported)?;
             self.memo_count(k).ok_or(Unsupported)?;
         }
@@ -255,7 +256,7 @@ impl<'a> Ctx<'a> {
         }
         let r = match self.chunk_of_memo(g) {
             Some(k) => {
-                let c = &self.chunks[k];
+                let c = &self.spans[k];
                 let want = g - self.memo_base(k).unwrap_or(g);
                 let r = match scan::memo_source_in(self.data, c.start, c.end, want) {
                     Some(pos) => decode_scalar(self.data, pos),
@@ -280,9 +281,9 @@ impl<'a> Ctx<'a> {
         };
         if !self.all_known.load(Ordering::Acquire) {
             // While chunks are still being read, known ones are not a sorted prefix.
-            return (0..self.chunks.len()).find(|&k| holds(k));
+            return (0..self.spans.len()).find(|&k| holds(k));
         }
-        let (mut lo, mut hi) = (0, self.chunks.len());
+        let (mut lo, mut hi) = (0, self.spans.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if self.memo_base(mid).is_some_and(|b| b <= g) {
@@ -395,6 +396,19 @@ fn le_i64(data: &[u8], at: usize, n: usize) -> Option<i64> {
     }
     let shift = 64 - 8 * n as u32;
     Some(((u64::from_le_bytes(b) << shift) as i64) >> shift)
+}
+
+/// The memo index a BINGET or LONG_BINGET at `p` fetches, and the position after it.
+#[inline(always)]
+fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
+    match *data.get(p)? {
+        op::BINGET => Some((*data.get(p + 1)? as u32, p + 2)),
+        op::LONG_BINGET => {
+            let b = data.get(p + 1..p + 5)?;
+            Some((u32::from_le_bytes([b[0], b[1], b[2], b[3]]), p + 5))
+        }
+        _ => None,
+    }
 }
 
 /// Memo indices below this use a dense cache of resolved values.
@@ -878,7 +892,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> R<Self> {
-        let c = &ctx.chunks[index];
+        let c = &ctx.spans[index];
         let base = ctx.memo_base(index).ok_or(Unsupported)?;
         let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, base);
         // A trace entry takes 60 bytes or more: room for all of them, so the rows are not
@@ -895,7 +909,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     pub fn stitch(ctx: &'c Ctx<'a>) -> Self {
-        Vm::new(ctx, ctx.chunks.len() as u32, Mode::Stitch, 0)
+        Vm::new(ctx, ctx.spans.len() as u32, Mode::Stitch, 0)
     }
 
     // ----- memo -----
@@ -1003,14 +1017,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// field and the position after the fetch (the common case, without decoding the key).
     #[inline(always)]
     fn known_key(&self, data: &[u8], p: usize) -> Option<(u8, usize)> {
-        let (g, np) = match *data.get(p)? {
-            op::BINGET => (*data.get(p + 1)? as u32, p + 2),
-            op::LONG_BINGET => {
-                let b = data.get(p + 1..p + 5)?;
-                (u32::from_le_bytes([b[0], b[1], b[2], b[3]]), p + 5)
-            }
-            _ => return None,
-        };
+        let (g, np) = memo_index(data, p)?;
         if self.mode != Mode::Chunk || g >= self.memo_base {
             return None;
         }
@@ -1092,18 +1099,8 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// A memo fetch at `p`: the value and the position after it.
     #[inline(always)]
     fn fetch(&mut self, data: &[u8], p: usize) -> R<(LVal, usize)> {
-        match data.get(p) {
-            Some(&op::BINGET) => {
-                let g = *data.get(p + 1).ok_or(Unsupported)? as u32;
-                Ok((self.memo_get(g)?, p + 2))
-            }
-            Some(&op::LONG_BINGET) => {
-                let b = data.get(p + 1..p + 5).ok_or(Unsupported)?;
-                let g = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                Ok((self.memo_get(g)?, p + 5))
-            }
-            _ => Err(Unsupported),
-        }
+        let (g, np) = memo_index(data, p).ok_or(Unsupported)?;
+        Ok((self.memo_get(g)?, np))
     }
 
     fn memoize_here(&mut self, v: LVal) {
@@ -1277,17 +1274,11 @@ impl<'a, 'c> Vm<'a, 'c> {
         let mut refs = std::mem::take(&mut self.scratch);
         refs.clear();
         let end = loop {
-            let (g, np) = match data.get(p) {
-                Some(&op::BINGET) => match data.get(p + 1) {
-                    Some(&b) => (b as u32, p + 2),
-                    None => break None,
-                },
-                Some(&op::LONG_BINGET) => match data.get(p + 1..p + 5) {
-                    Some(b) => (u32::from_le_bytes([b[0], b[1], b[2], b[3]]), p + 5),
-                    None => break None,
-                },
-                Some(&op::APPENDS) => break Some(p + 1),
-                _ => break None,
+            if data.get(p) == Some(&op::APPENDS) {
+                break Some(p + 1);
+            }
+            let Some((g, np)) = memo_index(data, p) else {
+                break None;
             };
             if g >= self.memo_base {
                 break None;
@@ -1947,9 +1938,10 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     /// Chunk mode: the compact result (what the stitch and the resolution need).
-    pub fn finish(mut self, spare: &mut Spare) -> R<ChunkOut<'a>> {
+    pub fn finish(mut self, spare: &mut Spare, stopped: bool) -> R<ChunkOut<'a>> {
         self.flush();
-        let from = std::mem::take(&mut self.a);
+        let memos = self.memo_next - self.memo_base;
+        let mut from = std::mem::take(&mut self.a);
         let mut out = Arena::default();
         let mut copier = Copier::new(&from, true);
         for m in &mut self.macros {
@@ -1972,7 +1964,6 @@ impl<'a, 'c> Vm<'a, 'c> {
                 }
             }
         }
-        let mut from = from;
         out.strs = std::mem::take(&mut from.strs);
         out.bigs = std::mem::take(&mut from.bigs);
         spare.keep(from, self.memo, self.stack);
@@ -1988,8 +1979,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             memo_lists,
             empty_lists,
             frames,
-            memos: 0,
-            stopped: false,
+            memos,
+            stopped,
         })
     }
 }
@@ -2026,14 +2017,10 @@ impl StackView for Vm<'_, '_> {
 
 /// Runs chunk `index` of the input.
 pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare) -> R<ChunkOut<'a>> {
-    let c = &ctx.chunks[index];
+    let c = &ctx.spans[index];
     let mut vm = Vm::chunk(ctx, index, spare)?;
     let stopped = vm.run(c.start, c.end)?;
-    let memos = vm.memo_next - vm.memo_base;
-    let mut out = vm.finish(spare)?;
-    out.memos = memos;
-    out.stopped = stopped;
-    Ok(out)
+    vm.finish(spare, stopped)
 }
 
 #[allow(dead_code)]
