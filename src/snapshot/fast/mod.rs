@@ -15,7 +15,7 @@
 
 mod vm;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
@@ -185,8 +185,11 @@ pub fn force_split(chunk: Option<usize>) {
 ///
 /// With `helper`, a second thread walks ahead (counting only) until what the first has left
 /// before the walk's position equals what lies after it, then runs the chunks from there in
-/// order: the two meet in the middle. Fails (for the parallel walk to take over) on anything
-/// unusual: a cut input, STOP before the last chunk, counts that disagree.
+/// order: the two meet in the middle. The walk starts an eighth of the chunks in, not at the
+/// start: the first thread counts the chunks before that itself (by the time the walk is
+/// done, it has run them), so the helper starts running chunks sooner. Fails (for the
+/// parallel walk to take over) on anything unusual: a cut input, STOP before the last chunk,
+/// counts that disagree.
 fn read_in_order<'a>(
     data: &'a [u8],
     plan: &scan::Plan,
@@ -207,6 +210,9 @@ fn read_in_order<'a>(
         })
         .collect();
     let ctx = Ctx::new(data, chunks, plan.headers.clone(), release, peek);
+    if n > 0 {
+        ctx.set_counts(0, 0, vm::UNKNOWN)?;
+    }
     // (next chunk of the first thread, first chunk of the helper).
     let forced = FORCED_SPLIT.load(Ordering::Relaxed);
     let claims = Mutex::new((0usize, if helper { forced.min(n) } else { n }));
@@ -223,9 +229,15 @@ fn read_in_order<'a>(
             return Err(Unsupported);
         }
         let next = base.checked_add(out.memos).ok_or(Unsupported)?;
+        if k + 1 < n {
+            // The next chunk's base is known now (a helper may be waiting for it).
+            ctx.set_counts(k + 1, next, vm::UNKNOWN)?;
+        }
         Ok((out, next))
     };
-    let first = || -> R<Vec<ChunkOut<'a>>> {
+    // Set when the first thread stops (done or failed): a helper waiting on it gives up.
+    let first_stopped = AtomicBool::new(false);
+    let first_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
         let mut base = 0u32;
@@ -245,41 +257,71 @@ fn read_in_order<'a>(
         }
         Ok(outs)
     };
+    let first = || -> R<Vec<ChunkOut<'a>>> {
+        let outs = first_chunks();
+        first_stopped.store(true, Ordering::Release);
+        outs
+    };
     let second = || -> R<Vec<ChunkOut<'a>>> {
-        let mut k = 0;
-        let mut base = 0u32;
+        // The walk counts from chunk `from`, whose base the first thread records when it
+        // starts it; until then the counts are relative to it.
+        let from = if forced == usize::MAX {
+            n / 8
+        } else {
+            (n / 8).min(forced)
+        };
+        let mut walked: Vec<u32> = Vec::new();
+        let mut k = from;
         let start = loop {
             if k >= n {
                 return Ok(Vec::new());
             }
             let pos = plan.ranges[k].0;
             let lead = lead_pos.load(Ordering::Relaxed);
-            if forced != usize::MAX {
+            let split_here = if forced != usize::MAX {
                 if k >= forced {
-                    break k;
+                    // Tests: wait for the first thread to reach `from`.
+                    while ctx.memo_base(from).is_none() && !first_stopped.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    true
+                } else {
+                    false
                 }
-            } else if pos - lead.min(pos) >= data.len() - pos {
+            } else {
+                pos - lead.min(pos) >= data.len() - pos && ctx.memo_base(from).is_some()
+            };
+            if split_here {
+                let Some(from_base) = ctx.memo_base(from) else {
+                    return Ok(Vec::new());
+                };
                 let mut c = claims.lock().map_err(|_| Unsupported)?;
                 if c.0 > k {
                     return Ok(Vec::new());
                 }
                 c.1 = k;
-                break k;
+                drop(c);
+                let mut base = from_base;
+                for (j, &memos) in walked.iter().enumerate() {
+                    ctx.set_counts(from + j, base, memos)?;
+                    base = base.checked_add(memos).ok_or(Unsupported)?;
+                }
+                break (k, base);
             }
             let group = &plan.ranges[k..(k + scan::LANES).min(n)];
-            for (j, w) in scan::walk_in_order(data, group).iter().enumerate() {
+            for w in scan::walk_in_order(data, group) {
                 if w.unsupported || w.stop.is_some() || w.cut.is_some() {
                     // Left to the first thread (it fails there if it must).
                     return Ok(Vec::new());
                 }
-                ctx.set_counts(k + j, base, w.memos)?;
-                base = base.checked_add(w.memos).ok_or(Unsupported)?;
+                walked.push(w.memos);
             }
             for &(s, e) in group {
                 release(s, e);
             }
             k += group.len();
         };
+        let (start, mut base) = start;
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
         for k in start..n {
