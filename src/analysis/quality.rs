@@ -577,18 +577,8 @@ fn addresses_outside_segments(
     if ranges.is_empty() {
         return None; // nothing to compare with (a trace recorded without segment events)
     }
-    ranges.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
-    for (start, end) in ranges {
-        match merged.last_mut() {
-            Some(last) if start <= last.1 => last.1 = last.1.max(end),
-            _ => merged.push((start, end)),
-        }
-    }
-    let inside = |addr: u64| {
-        let i = merged.partition_point(|&(start, _)| start <= addr);
-        i > 0 && addr < merged[i - 1].1
-    };
+    let segments = AddressRanges::new(ranges);
+    let inside = |addr: u64| segments.contains(addr);
     let t = count_events(trace, |e| {
         matches!(
             e.action,
@@ -612,6 +602,75 @@ fn addresses_outside_segments(
             &["segments", "fragmentation_at_peak"],
         )
     })
+}
+
+/// Address ranges (merged), asked for millions of trace addresses. A table of 2 MiB granules
+/// over their span answers most questions with one load: a granule lies wholly inside one
+/// range, wholly outside them all, or (the few at range ends) is searched for.
+struct AddressRanges {
+    merged: Vec<(u64, u64)>,
+    first: u64,
+    granules: Vec<Granule>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Granule {
+    Outside,
+    Inside,
+    Search,
+}
+
+const GRANULE_SHIFT: u32 = 21;
+/// Largest granule table (2 TiB of address space); a wider span is searched throughout.
+const MAX_GRANULES: u64 = 1 << 20;
+
+impl AddressRanges {
+    fn new(mut ranges: Vec<(u64, u64)>) -> AddressRanges {
+        ranges.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        let first = merged.first().map_or(0, |r| r.0);
+        let last = merged.iter().map(|r| r.1).max().unwrap_or(first).max(first);
+        let count = (last - first).div_ceil(1 << GRANULE_SHIFT);
+        let mut granules = Vec::new();
+        if count <= MAX_GRANULES {
+            granules = vec![Granule::Outside; count as usize];
+            for &(start, end) in merged.iter().filter(|r| r.0 < r.1) {
+                let (a, b) = (start - first, end - first);
+                for g in a >> GRANULE_SHIFT..=(b - 1) >> GRANULE_SHIFT {
+                    let (lo, hi) = (g << GRANULE_SHIFT, (g + 1) << GRANULE_SHIFT);
+                    granules[g as usize] = if a <= lo && hi <= b {
+                        Granule::Inside
+                    } else {
+                        Granule::Search
+                    };
+                }
+            }
+        }
+        AddressRanges {
+            merged,
+            first,
+            granules,
+        }
+    }
+
+    fn contains(&self, addr: u64) -> bool {
+        if !self.granules.is_empty() {
+            let g = addr.wrapping_sub(self.first) >> GRANULE_SHIFT;
+            match self.granules.get(g as usize) {
+                Some(Granule::Inside) => return true,
+                Some(Granule::Outside) | None => return false,
+                Some(Granule::Search) => {}
+            }
+        }
+        let i = self.merged.partition_point(|&(start, _)| start <= addr);
+        i > 0 && addr < self.merged[i - 1].1
+    }
 }
 
 /// A level below zero: the trace removes more than the dump and the trace ever held.
@@ -747,4 +806,65 @@ fn snapshot_markers(replay: &DeviceReplay, markers: &[(u32, u64)]) -> Option<Qua
             &affects,
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AddressRanges;
+
+    /// The granule table answers as a plain scan of the ranges would, wherever ranges start and
+    /// end inside granules, touch, overlap or lie far apart (a span too wide for a table).
+    #[test]
+    fn address_ranges_answer_as_a_scan_does() {
+        const MIB: u64 = 1 << 20;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let base = 0x7f00_0000_0000u64;
+        for case in 0..200 {
+            let far = case % 10 == 0;
+            let ranges: Vec<(u64, u64)> = (0..1 + next() % 12)
+                .map(|_| {
+                    let start = base + next() % (64 * MIB) / 512 * 512;
+                    let start = if far && next() % 2 == 0 {
+                        start + (8 << 40)
+                    } else {
+                        start
+                    };
+                    let end = start + next() % (6 * MIB) / 512 * 512;
+                    // Some ends on a granule boundary or one byte either side of it.
+                    match next() % 4 {
+                        0 => (start, (end >> 21 << 21) + next() % 3 - 1),
+                        1 => ((start >> 21 << 21) + next() % 3 - 1, end),
+                        _ => (start, end),
+                    }
+                })
+                .collect();
+            let set = AddressRanges::new(ranges.clone());
+            let span = ranges
+                .iter()
+                .map(|r| r.1)
+                .max()
+                .unwrap()
+                .saturating_sub(ranges.iter().map(|r| r.0).min().unwrap());
+            assert_eq!(set.granules.is_empty(), span > 2 << 40, "case {case}");
+            let mut probes: Vec<u64> = vec![0, base - 1, u64::MAX];
+            for &(s, e) in &ranges {
+                probes.extend([s.wrapping_sub(1), s, s + 1, e.wrapping_sub(1), e, e + 1]);
+            }
+            probes.extend((0..500).map(|_| base + next() % (72 * MIB)));
+            for addr in probes {
+                let want = ranges.iter().any(|&(s, e)| s <= addr && addr < e);
+                assert_eq!(
+                    set.contains(addr),
+                    want,
+                    "case {case}: {addr:#x} in {ranges:x?}"
+                );
+            }
+        }
+    }
 }

@@ -217,6 +217,9 @@ pub struct Curve {
     sparse: Vec<(u32, i64)>,
     /// Level after `k * STEP` events.
     checkpoints: Vec<i64>,
+    /// Per block of `STEP` events: its highest level and the first event after which it is
+    /// reached (peaks within a range of events without reading every event).
+    block_peaks: Vec<(i64, u32)>,
     /// The highest level and the event after which it is first reached (`None`: the start).
     peak: (i64, Option<u32>),
     /// The first level below zero (the event after which, `None`: the start) and how many
@@ -337,13 +340,22 @@ impl Curve {
         let mut level = self.start;
         let mut peak = (self.start, None);
         let mut checkpoints = Vec::with_capacity(self.len / STEP + 1);
+        let mut block_peaks = Vec::with_capacity(self.len / STEP + 1);
+        let mut block_peak = (i64::MIN, 0);
         let mut below = (self.start < 0).then_some((None, self.start));
         let mut below_count = (self.start < 0) as u64;
         for (i, d) in self.changes(0).enumerate() {
             if i % STEP == 0 {
                 checkpoints.push(level);
+                if i > 0 {
+                    block_peaks.push(block_peak);
+                }
+                block_peak = (i64::MIN, i as u32);
             }
             level = level.saturating_add(d);
+            if level > block_peak.0 {
+                block_peak = (level, i as u32);
+            }
             if level > peak.0 {
                 peak = (level, Some(i as u32));
             }
@@ -352,7 +364,11 @@ impl Curve {
                 below.get_or_insert((Some(i as u32), level));
             }
         }
+        if self.len > 0 {
+            block_peaks.push(block_peak);
+        }
         self.checkpoints = checkpoints;
+        self.block_peaks = block_peaks;
         self.peak = peak;
         self.below_zero = below;
         self.below_zero_count = below_count;
@@ -484,6 +500,36 @@ impl Curve {
             buf: Vec::new(),
             buf_start: 0,
         }
+    }
+
+    /// The highest level after events `first..=last` (those that exist) and the first of
+    /// them after which it is reached; `(i64::MIN, first)` when there are none. Whole blocks
+    /// are read from their peaks, only the ends event by event.
+    pub fn peak_between(&self, first: usize, last: usize) -> (i64, u32) {
+        let end = last.saturating_add(1).min(self.len);
+        let mut best = (i64::MIN, first as u32);
+        let mut i = first;
+        while i < end {
+            let block = i / STEP;
+            let block_end = ((block + 1) * STEP).min(self.len);
+            let stop = block_end.min(end);
+            match self.block_peaks.get(block) {
+                Some(&(level, at)) if i == block * STEP && stop == block_end => {
+                    if level > best.0 {
+                        best = (level, at);
+                    }
+                }
+                _ => {
+                    for (level, at) in self.levels_from(i).zip(i..stop) {
+                        if level > best.0 {
+                            best = (level, at as u32);
+                        }
+                    }
+                }
+            }
+            i = stop;
+        }
+        best
     }
 
     /// The maximum including the level at window start, and the first event after which it is
@@ -857,6 +903,45 @@ mod tests {
                 Curve::from_levels(100, &levels).peak(),
                 "every {every}"
             );
+        }
+    }
+
+    /// The peak of a range of events, from block peaks and the ends, is the first highest level
+    /// a walk over every event of the range finds: any range, dense or sparse curves, ties.
+    #[test]
+    fn peak_between_finds_what_a_walk_over_the_levels_finds() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for case in 0..60 {
+            let len = 1 + next(4 * STEP as u64) as usize;
+            let every = 1 + next(8);
+            let mut changes: Vec<(u32, i64)> = Vec::new();
+            for i in 0..len as u32 {
+                // Few distinct values: equal peaks in several blocks.
+                let d = next(5) as i64 - 2;
+                if next(every) == 0 && d != 0 {
+                    changes.push((i, d));
+                }
+            }
+            let c = Curve::from_changes(3, len, changes);
+            for _ in 0..40 {
+                let first = next(len as u64 + 3) as usize;
+                let last = first + next(3 * STEP as u64) as usize;
+                let want = c.levels_from(first).zip(first as u32..=last as u32).fold(
+                    (i64::MIN, first as u32),
+                    |best, x| if x.0 > best.0 { x } else { best },
+                );
+                assert_eq!(
+                    c.peak_between(first, last),
+                    want,
+                    "case {case}: {first}..={last} of {len}"
+                );
+            }
         }
     }
 

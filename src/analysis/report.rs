@@ -568,15 +568,7 @@ fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
         }
         let (peak, at) = replay
             .requested
-            .levels_from(iv.first_event as usize)
-            .zip(iv.first_event..=iv.last_event)
-            .fold((i64::MIN, iv.first_event), |best, x| {
-                if x.0 > best.0 {
-                    x
-                } else {
-                    best
-                }
-            });
+            .peak_between(iv.first_event as usize, iv.last_event as usize);
         match out.last_mut() {
             Some(s) if s.step == step => {
                 s.last_event = iv.last_event;
