@@ -234,6 +234,8 @@ const WIDE: i32 = i32::MIN;
 struct Deltas {
     dense: Vec<i32>,
     wide: FxHashMap<u32, i64>,
+    /// Events whose change is not zero (counted as they come: no pass to count them).
+    nonzero: usize,
 }
 
 impl Deltas {
@@ -243,11 +245,13 @@ impl Deltas {
         Deltas {
             dense: Vec::with_capacity(n),
             wide: FxHashMap::default(),
+            nonzero: 0,
         }
     }
 
     /// The change of the next event.
     fn push(&mut self, v: i64) {
+        self.nonzero += (v != 0) as usize;
         match i32::try_from(v) {
             Ok(d) if d != WIDE => self.dense.push(d),
             _ => {
@@ -267,6 +271,7 @@ impl Deltas {
     fn add(&mut self, i: usize, v: i64) {
         let old = self.dense[i];
         let new = self.get(i).saturating_add(v);
+        self.nonzero = self.nonzero + (new != 0) as usize - (old != 0) as usize;
         match i32::try_from(new) {
             Ok(d) if d != WIDE => {
                 self.dense[i] = d;
@@ -283,8 +288,7 @@ impl Deltas {
 
     fn into_curve(self, start: i64) -> Curve {
         let len = self.dense.len();
-        let changes = self.dense.iter().filter(|&&d| d != 0).count();
-        if changes * 4 < len {
+        if self.nonzero * 4 < len {
             // Sparse (reserved memory changes only at segment events).
             let sparse = (0..len)
                 .filter(|&i| self.dense[i] != 0)
@@ -335,43 +339,81 @@ impl Curve {
         c
     }
 
-    /// Computes the level after every `STEP` events and the peak, in one pass.
+    /// Computes the level after every `STEP` events, the block peaks and the peak, in one pass
+    /// (a dense curve's changes read straight from their slice).
     fn index(&mut self) {
-        let mut level = self.start;
-        let mut peak = (self.start, None);
-        let mut checkpoints = Vec::with_capacity(self.len / STEP + 1);
-        let mut block_peaks = Vec::with_capacity(self.len / STEP + 1);
-        let mut block_peak = (i64::MIN, 0);
-        let mut below = (self.start < 0).then_some((None, self.start));
-        let mut below_count = (self.start < 0) as u64;
-        for (i, d) in self.changes(0).enumerate() {
-            if i % STEP == 0 {
-                checkpoints.push(level);
-                if i > 0 {
-                    block_peaks.push(block_peak);
+        let blocks = self.len.div_ceil(STEP);
+        let mut checkpoints = Vec::with_capacity(blocks);
+        let mut block_peaks = Vec::with_capacity(blocks);
+        let mut x = Indexer {
+            level: self.start,
+            block_peak: (i64::MIN, 0),
+            below: (self.start < 0).then_some((None, self.start)),
+            below_count: (self.start < 0) as u64,
+        };
+        let dense = self.deltas.len() == self.len;
+        let mut changes = self.changes(0);
+        for block in 0..blocks {
+            let (first, end) = (block * STEP, ((block + 1) * STEP).min(self.len));
+            checkpoints.push(x.level);
+            x.block_peak = (i64::MIN, first as u32);
+            if dense {
+                for (i, &d) in (first..end).zip(&self.deltas[first..end]) {
+                    let d = if d == WIDE {
+                        self.wide_change(i)
+                    } else {
+                        d as i64
+                    };
+                    x.step(i, d);
                 }
-                block_peak = (i64::MIN, i as u32);
+            } else {
+                for i in first..end {
+                    x.step(i, changes.next().unwrap_or(0));
+                }
             }
-            level = level.saturating_add(d);
-            if level > block_peak.0 {
-                block_peak = (level, i as u32);
-            }
-            if level > peak.0 {
-                peak = (level, Some(i as u32));
-            }
-            if level < 0 {
-                below_count += 1;
-                below.get_or_insert((Some(i as u32), level));
-            }
+            block_peaks.push(x.block_peak);
         }
-        if self.len > 0 {
-            block_peaks.push(block_peak);
+        // The first block reaching the highest level holds its first event.
+        let mut peak = (self.start, None);
+        for &(level, at) in &block_peaks {
+            if level > peak.0 {
+                peak = (level, Some(at));
+            }
         }
         self.checkpoints = checkpoints;
         self.block_peaks = block_peaks;
         self.peak = peak;
-        self.below_zero = below;
-        self.below_zero_count = below_count;
+        self.below_zero = x.below;
+        self.below_zero_count = x.below_count;
+    }
+
+    /// The change of event `i`, marked `WIDE` in `deltas`.
+    fn wide_change(&self, i: usize) -> i64 {
+        self.wide
+            .binary_search_by_key(&(i as u32), |w| w.0)
+            .map_or(0, |j| self.wide[j].1)
+    }
+}
+
+/// What [`Curve::index`] carries from event to event.
+struct Indexer {
+    level: i64,
+    block_peak: (i64, u32),
+    below: Option<(Option<u32>, i64)>,
+    below_count: u64,
+}
+
+impl Indexer {
+    #[inline(always)]
+    fn step(&mut self, i: usize, d: i64) {
+        self.level = self.level.saturating_add(d);
+        if self.level > self.block_peak.0 {
+            self.block_peak = (self.level, i as u32);
+        }
+        if self.level < 0 {
+            self.below_count += 1;
+            self.below.get_or_insert((Some(i as u32), self.level));
+        }
     }
 }
 
@@ -434,10 +476,7 @@ impl Curve {
     fn change_at(&self, i: usize, k: &mut usize) -> i64 {
         if self.sparse.is_empty() || !self.deltas.is_empty() {
             return match self.deltas.get(i) {
-                Some(&WIDE) => self
-                    .wide
-                    .binary_search_by_key(&(i as u32), |w| w.0)
-                    .map_or(0, |j| self.wide[j].1),
+                Some(&WIDE) => self.wide_change(i),
                 Some(&d) => d as i64,
                 None => 0,
             };
