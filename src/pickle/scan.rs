@@ -72,8 +72,9 @@ pub fn op_len(data: &[u8], pos: usize) -> Step {
     let counted = |width: usize| match arg_len(data, pos, width) {
         None => Step::Cut,
         Some(n) => {
-            let total = (1 + width) as u64 + n;
-            if pos as u64 + total <= data.len() as u64 {
+            // Saturating: an 8-byte length near 2^64 must not wrap to a short opcode.
+            let total = n.saturating_add((1 + width) as u64);
+            if (pos as u64).saturating_add(total) <= data.len() as u64 {
                 Step::Len(total as usize)
             } else if width == 1 {
                 Step::Cut

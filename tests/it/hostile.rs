@@ -851,6 +851,30 @@ fn regression_parallel_reader_ignores_frame_length() {
     }
 }
 
+/// Found by fuzzing (parallel_reader): BINUNICODE8 opcodes outside any frame whose 8-byte
+/// lengths are near 2^64. Measuring them for the chunk plan added the opcode's own 9 bytes to
+/// the length and overflowed (a panic where overflow is checked; elsewhere a wrapped, short
+/// length). Both readers must give the sequential reader's error.
+#[test]
+fn regression_parallel_reader_length_near_2_pow_64() {
+    let path =
+        common::root().join("tests/regressions/fuzz-parallel-reader-length-near-2-pow-64.pickle");
+    let data = std::fs::read(path).expect("regression input");
+    let want = "invalid pickle at byte 40: unknown opcode 0xff";
+    let err = snapshot::load_bytes_sequential("long", &data)
+        .expect_err("the sequential reader refuses it")
+        .to_string();
+    assert!(err.contains(want), "{err}");
+    assert!(
+        snapshot::load_bytes_parallel(&data).is_none(),
+        "the parallel reader must leave it to the sequential one"
+    );
+    match snapshot::load_bytes("long", &data) {
+        Ok(_) => panic!("load_bytes accepted an unknown opcode"),
+        Err(e) => assert!(e.to_string().contains(want), "{e}"),
+    }
+}
+
 /// Found by fuzzing (parallel_reader, differential, after the FRAME fix above): a FRAME opcode
 /// inside a frame's body, claiming 7.4 × 10^18 bytes. The sequential reader refuses it; the
 /// parallel one walked over it as a 9-byte opcode and gave a report.
