@@ -857,20 +857,27 @@ fn regression_parallel_reader_ignores_frame_length() {
 /// length). Both readers must give the sequential reader's error.
 #[test]
 fn regression_parallel_reader_length_near_2_pow_64() {
-    let path =
-        common::root().join("tests/regressions/fuzz-parallel-reader-length-near-2-pow-64.pickle");
+    refused_by_both_readers(
+        "fuzz-parallel-reader-length-near-2-pow-64.pickle",
+        "invalid pickle at byte 40: unknown opcode 0xff",
+    );
+}
+
+/// A regression input that the sequential reader refuses with `want`: the parallel reader must
+/// leave it to the sequential one, and loading gives that error.
+fn refused_by_both_readers(name: &str, want: &str) {
+    let path = common::root().join("tests/regressions").join(name);
     let data = std::fs::read(path).expect("regression input");
-    let want = "invalid pickle at byte 40: unknown opcode 0xff";
-    let err = snapshot::load_bytes_sequential("long", &data)
+    let err = snapshot::load_bytes_sequential(name, &data)
         .expect_err("the sequential reader refuses it")
         .to_string();
     assert!(err.contains(want), "{err}");
     assert!(
         snapshot::load_bytes_parallel(&data).is_none(),
-        "the parallel reader must leave it to the sequential one"
+        "{name}: the parallel reader must leave it to the sequential one"
     );
-    match snapshot::load_bytes("long", &data) {
-        Ok(_) => panic!("load_bytes accepted an unknown opcode"),
+    match snapshot::load_bytes(name, &data) {
+        Ok(_) => panic!("load_bytes accepted {name}"),
         Err(e) => assert!(e.to_string().contains(want), "{e}"),
     }
 }
@@ -880,22 +887,10 @@ fn regression_parallel_reader_length_near_2_pow_64() {
 /// parallel one walked over it as a 9-byte opcode and gave a report.
 #[test]
 fn regression_parallel_reader_frame_inside_a_frame() {
-    let path =
-        common::root().join("tests/regressions/fuzz-parallel-reader-frame-inside-a-frame.pickle");
-    let data = std::fs::read(path).expect("regression input");
-    let want = "the FRAME there claims 7451309385787663464 bytes";
-    let err = snapshot::load_bytes_sequential("frame", &data)
-        .expect_err("the sequential reader refuses it")
-        .to_string();
-    assert!(err.contains(want), "{err}");
-    assert!(
-        snapshot::load_bytes_parallel(&data).is_none(),
-        "the parallel reader must leave it to the sequential one"
+    refused_by_both_readers(
+        "fuzz-parallel-reader-frame-inside-a-frame.pickle",
+        "the FRAME there claims 7451309385787663464 bytes",
     );
-    match snapshot::load_bytes("frame", &data) {
-        Ok(_) => panic!("load_bytes accepted a FRAME inside a frame"),
-        Err(e) => assert!(e.to_string().contains(want), "{e}"),
-    }
 }
 
 /// Found by fuzzing (parallel_reader, differential): one byte changed in a fixture makes a trace
