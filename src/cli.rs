@@ -693,7 +693,6 @@ fn file_report_of(
     Ok(file)
 }
 
-/// Entry point of the binary.
 /// Leaves `loaded` to the end of the process: a big snapshot is hundreds of MB in many
 /// allocations, and freeing them one by one just before exiting costs tens of milliseconds
 /// that the exit, which drops the whole address space at once, does not.
@@ -701,6 +700,7 @@ fn exit_soon<T>(loaded: T) {
     std::mem::forget(loaded);
 }
 
+/// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

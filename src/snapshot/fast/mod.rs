@@ -278,23 +278,27 @@ fn read_in_order<'a>(
             }
             let pos = plan.ranges[k].0;
             let lead = lead_pos.load(Ordering::Relaxed);
-            let split_here = if forced != usize::MAX {
-                if k >= forced {
-                    // Tests: wait for the first thread to reach `from`.
-                    while ctx.memo_base(from).is_none() && !first_stopped.load(Ordering::Acquire) {
-                        std::thread::yield_now();
-                    }
-                    true
+            // Split here: the memo base of `from`, once the first thread has recorded it.
+            let split = if forced == usize::MAX {
+                // Balanced; until the first thread reaches `from`, walk on.
+                if pos - lead.min(pos) >= data.len() - pos {
+                    ctx.memo_base(from)
                 } else {
-                    false
+                    None
                 }
-            } else {
-                pos - lead.min(pos) >= data.len() - pos && ctx.memo_base(from).is_some()
-            };
-            if split_here {
-                let Some(from_base) = ctx.memo_base(from) else {
+            } else if k >= forced {
+                // Tests: wait for the first thread to reach `from` (or to stop short of it).
+                while ctx.memo_base(from).is_none() && !first_stopped.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+                let Some(base) = ctx.memo_base(from) else {
                     return Ok(Vec::new());
                 };
+                Some(base)
+            } else {
+                None
+            };
+            if let Some(from_base) = split {
                 let mut c = claims.lock().map_err(|_| Unsupported)?;
                 if c.0 > k {
                     return Ok(Vec::new());

@@ -1288,14 +1288,19 @@ impl<'a, 'c> Vm<'a, 'c> {
         };
         let ok = match end {
             Some(end) if self.a.pool.len() + refs.len() < u32::MAX as usize => {
-                let slot = self.slot_of(&refs);
+                // No frames: no slot (as `content_slot` gives).
+                let slot = if refs.is_empty() {
+                    0
+                } else {
+                    self.slot_of(&refs)
+                };
                 // The items stay readable as a list (for anything else that fetches it).
                 let start = self.a.pool.len() as u32;
                 self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
                 let list = &mut self.a.lists[l as usize];
                 list.start = start;
                 list.len = refs.len() as u32;
-                list.stack = if refs.is_empty() { 0 } else { slot };
+                list.stack = slot;
                 list.sealed = true;
                 self.after_frames = end;
                 true
