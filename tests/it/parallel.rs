@@ -250,8 +250,9 @@ fn one_thread_and_many_threads_read_the_same() {
     snapscan::analysis::summary::set_piece_entries(default_piece);
 }
 
-/// With two threads the second one walks ahead and reads from a chunk on: wherever that is,
-/// the snapshot is the same.
+/// With two threads the second one walks ahead and reads from a chunk on, then takes the
+/// first one's last chunks back (forced here: the first waits for it): wherever they meet, the
+/// snapshot is the same.
 #[test]
 fn two_threads_read_the_same_wherever_they_meet() {
     let pool = rayon::ThreadPoolBuilder::new()

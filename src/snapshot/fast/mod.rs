@@ -184,9 +184,10 @@ pub fn force_split(chunk: Option<usize>) {
 /// beforehand to count MEMOIZEs (on one or two cores that walk costs a fifth of the time).
 ///
 /// With `helper`, a second thread walks ahead (counting only) until what the first has left
-/// before the walk's position equals what lies after it, then runs the chunks from there in
-/// order: the two meet in the middle. The walk starts an eighth of the chunks in, not at the
-/// start: the first thread counts the chunks before that itself (by the time the walk is
+/// before the walk's position is a little more than what lies after it, then runs the chunks
+/// from there in order; done, it takes the first thread's last chunks from the back (the walk
+/// gave their bases), so that neither thread waits long for the other. The walk starts an
+/// eighth of the chunks in, not at the start: the first thread counts the chunks before that itself (by the time the walk is
 /// done, it has run them), so the helper starts running chunks sooner. Fails (for the
 /// parallel walk to take over) on anything unusual: a cut input, STOP before the last chunk,
 /// counts that disagree.
@@ -235,13 +236,28 @@ fn read_in_order<'a>(
         }
         Ok((out, next))
     };
+    // The walk counts from chunk `from`, whose base the first thread records when it starts
+    // it; until then the counts are relative to it.
+    let from = if forced == usize::MAX {
+        n / 8
+    } else {
+        (n / 8).min(forced)
+    };
     // Set when the first thread stops (done or failed): a helper waiting on it gives up.
     let first_stopped = AtomicBool::new(false);
+    // Set when the helper has run its own chunks (or stopped). Tests: with a forced split the
+    // first thread waits for it after chunk `from`, so that the helper takes chunks back.
+    let helper_ran = AtomicBool::new(false);
     let first_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
         let mut base = 0u32;
         loop {
+            if helper && forced != usize::MAX && outs.len() > from {
+                while !helper_ran.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                }
+            }
             let k = {
                 let mut c = claims.lock().map_err(|_| Unsupported)?;
                 if c.0 >= c.1 {
@@ -262,14 +278,7 @@ fn read_in_order<'a>(
         first_stopped.store(true, Ordering::Release);
         outs
     };
-    let second = || -> R<Vec<ChunkOut<'a>>> {
-        // The walk counts from chunk `from`, whose base the first thread records when it
-        // starts it; until then the counts are relative to it.
-        let from = if forced == usize::MAX {
-            n / 8
-        } else {
-            (n / 8).min(forced)
-        };
+    let second_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut walked: Vec<u32> = Vec::new();
         let mut k = from;
         let start = loop {
@@ -280,8 +289,10 @@ fn read_in_order<'a>(
             let lead = lead_pos.load(Ordering::Relaxed);
             // Split here: the memo base of `from`, once the first thread has recorded it.
             let split = if forced == usize::MAX {
-                // Balanced; until the first thread reaches `from`, walk on.
-                if pos - lead.min(pos) >= data.len() - pos {
+                // Once the first thread has a little more left than the helper (the helper
+                // takes the excess back when it is done); until the first thread reaches
+                // `from`, walk on.
+                if pos - lead.min(pos) >= (data.len() - pos) / 8 * 9 {
                     ctx.memo_base(from)
                 } else {
                     None
@@ -333,7 +344,30 @@ fn read_in_order<'a>(
             base = next;
             outs.push(out);
         }
-        Ok(outs)
+        helper_ran.store(true, Ordering::Release);
+        // Done first: take the first thread's chunks from the back (the walk gave their bases),
+        // so that neither thread waits long for the other.
+        let mut taken = Vec::new();
+        loop {
+            let k = {
+                let mut c = claims.lock().map_err(|_| Unsupported)?;
+                if c.1 <= c.0 {
+                    break;
+                }
+                c.1 -= 1;
+                c.1
+            };
+            let base = ctx.memo_base(k).ok_or(Unsupported)?;
+            taken.push(run(k, base, &mut spare)?.0);
+        }
+        taken.reverse();
+        taken.extend(outs);
+        Ok(taken)
+    };
+    let second = || -> R<Vec<ChunkOut<'a>>> {
+        let outs = second_chunks();
+        helper_ran.store(true, Ordering::Release);
+        outs
     };
     let (a, b) = if helper {
         rayon::join(first, second)
