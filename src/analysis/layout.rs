@@ -7,10 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use rayon::prelude::*;
-
 use super::replay::DeviceReplay;
-use super::summary::piece_entries;
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot};
 
 /// The moment a layout describes.
@@ -146,7 +143,12 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
 }
 
 /// Segments that existed at `moment`, undoing segment events from the end of the trace.
-fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64, SegInfo> {
+fn segments_at(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    moment: Moment,
+) -> BTreeMap<u64, SegInfo> {
+    let device = replay.device;
     let mut segs: BTreeMap<u64, SegInfo> = snapshot
         .segments_of(device)
         .map(|s| {
@@ -169,29 +171,10 @@ fn segments_at(snapshot: &Snapshot, device: i64, moment: Moment) -> BTreeMap<u64
         Moment::WindowStart => 0,
         Moment::After(e) => e as usize + 1,
     };
-    // Only segment events change the segments: find them on every core (reading each entry
-    // whole, in reverse, costs more than the rest of the layout), then undo them in reverse.
-    let segment_events: Vec<usize> = trace
-        .pieces(piece_entries())
-        .into_par_iter()
-        .filter(|p| p.end > first_undone)
-        .flat_map_iter(|p| {
-            let mut found = Vec::new();
-            trace.for_each_core(p.start.max(first_undone)..p.end, |i, e| {
-                if matches!(
-                    e.action,
-                    Action::SegmentAlloc
-                        | Action::SegmentFree
-                        | Action::SegmentMap
-                        | Action::SegmentUnmap
-                ) {
-                    found.push(i);
-                }
-            });
-            found
-        })
-        .collect();
-    for e in segment_events.into_iter().rev().map(|i| trace.at(i)) {
+    // Only segment events change the segments (the replay listed them): undo them in reverse.
+    let events = &replay.segment_events;
+    let from = events.partition_point(|&i| (i as usize) < first_undone);
+    for e in events[from..].iter().rev().map(|&i| trace.at(i as usize)) {
         match e.action {
             Action::SegmentAlloc => {
                 segs.remove(&e.addr);
@@ -302,7 +285,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
     if moment == Moment::End {
         return end_layout(snapshot, device);
     }
-    let segs = segments_at(snapshot, device, moment);
+    let segs = segments_at(snapshot, replay, moment);
     let event = match moment {
         Moment::After(e) => Some(e),
         _ => None,

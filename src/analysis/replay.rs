@@ -679,6 +679,9 @@ pub struct DeviceReplay {
     pub allocated: Curve,
     /// Σ segment bytes (segment_alloc/free/map/unmap).
     pub reserved: Curve,
+    /// The events that allocate, free, map or unmap a segment, in order (the layouts undo
+    /// them from the end of the trace without reading every entry again).
+    pub segment_events: Vec<u32>,
     pub window: WindowStart,
     /// `free_completed` of addresses the trace had already freed (no `alloc` in between).
     pub double_frees: DoubleFrees,
@@ -725,6 +728,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let mut requested_start: i64 = 0;
     let mut allocated_start: i64 = 0;
     let mut known_segments: rustc_hash::FxHashSet<u64> = Default::default();
+    let mut segment_events: Vec<u32> = Vec::new();
     let mut unmatched_requests: FxHashMap<u64, u32> = FxHashMap::default();
 
     // Closing at event i: the block was the rounded request (exact sizes come from the dump,
@@ -793,9 +797,11 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             Action::SegmentAlloc | Action::SegmentMap => {
                 dres = signed(e.size);
                 known_segments.insert(e.addr);
+                segment_events.push(i as u32);
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 dres = signed(e.size).saturating_neg();
+                segment_events.push(i as u32);
                 if e.action == Action::SegmentFree && !known_segments.remove(&e.addr) {
                     window.unmatched_segment_frees += 1;
                 }
@@ -874,6 +880,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         requested,
         allocated,
         reserved: Curve::from_changes(reserved_start, n, reserved),
+        segment_events,
         window,
         double_frees,
     }
