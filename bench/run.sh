@@ -6,7 +6,8 @@
 #
 # Environment: SIZES (snapgen --scale values, default "10 100 1000"), RUNS (hyperfine runs per
 # command, default 5), TIMEOUT (seconds for one run of a peer before it is recorded as not
-# finishing, default 900), PEERS=0 to skip the PyPI peers.
+# finishing, default 900), PEERS=0 to skip the PyPI peers, SETTLE (seconds of rest before the
+# timed runs of each size, default 30).
 #
 # Needs: cargo, python3 (with venv), hyperfine, GNU time (/usr/bin/time). Writes, per size,
 # DATA_DIR/results/train<scale>.json (hyperfine) and .rss (peak RSS from /usr/bin/time -v), the
@@ -20,6 +21,7 @@ SIZES=${SIZES:-"10 100 1000"}
 RUNS=${RUNS:-5}
 TIMEOUT=${TIMEOUT:-900}
 PEERS=${PEERS:-1}
+SETTLE=${SETTLE:-30}
 mkdir -p "$DATA/results"
 DATA=$(cd "$DATA" && pwd)
 OUT=$DATA/results
@@ -171,7 +173,13 @@ for s in $SIZES; do
         fi
         hf_args+=("${cmds[$i]}")
     done
-    # No warm-up run: the /usr/bin/time run above has just read the file into the page cache.
+    # The /usr/bin/time runs above end with processes of up to 10 GB: for some seconds after
+    # such a process exits, a virtual machine may be handing the freed memory back to its host,
+    # and commands timed then ran up to 50 % slower. Rest first, then one untimed run of the
+    # first command (the first run after a rest pays for fresh memory again); the file is in
+    # the page cache from the runs above.
+    sleep "$SETTLE"
+    bash -c "${cmds[0]}" >/dev/null 2>&1 || true
     hyperfine --warmup 0 --runs "$RUNS" --export-json "$base.json" --export-markdown "$base.md" \
         "${hf_args[@]}"
 
