@@ -273,11 +273,6 @@ fn read_in_order<'a>(
         }
         Ok(outs)
     };
-    let first = || -> R<Vec<ChunkOut<'a>>> {
-        let outs = first_chunks();
-        first_stopped.store(true, Ordering::Release);
-        outs
-    };
     let second_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut walked: Vec<u32> = Vec::new();
         let mut k = from;
@@ -364,13 +359,9 @@ fn read_in_order<'a>(
         taken.extend(outs);
         Ok(taken)
     };
-    let second = || -> R<Vec<ChunkOut<'a>>> {
-        let outs = second_chunks();
-        helper_ran.store(true, Ordering::Release);
-        outs
-    };
+    let first = || then_set(first_chunks, &first_stopped);
     let (a, b) = if helper {
-        rayon::join(first, second)
+        rayon::join(first, || then_set(second_chunks, &helper_ran))
     } else {
         (first(), Ok(Vec::new()))
     };
@@ -381,6 +372,13 @@ fn read_in_order<'a>(
     }
     ctx.seal_counts()?;
     Ok((ctx, outs))
+}
+
+/// Runs `f`, then sets `flag` (whatever `f` returns): a thread waiting on it stops waiting.
+fn then_set<T>(f: impl FnOnce() -> T, flag: &AtomicBool) -> T {
+    let out = f();
+    flag.store(true, Ordering::Release);
+    out
 }
 
 /// Runs every chunk's macros in order. Returns the root once STOP ran.
