@@ -187,10 +187,10 @@ pub fn force_split(chunk: Option<usize>) {
 /// before the walk's position is a little more than what lies after it, then runs the chunks
 /// from there in order; done, it takes the first thread's last chunks from the back (the walk
 /// gave their bases), so that neither thread waits long for the other. The walk starts an
-/// eighth of the chunks in, not at the start: the first thread counts the chunks before that itself (by the time the walk is
-/// done, it has run them), so the helper starts running chunks sooner. Fails (for the
-/// parallel walk to take over) on anything unusual: a cut input, STOP before the last chunk,
-/// counts that disagree.
+/// eighth of the chunks in, not at the start: the first thread counts the chunks before that
+/// itself (by the time the walk is done, it has run them), so the helper starts running chunks
+/// sooner. Fails (for the parallel walk to take over) on anything unusual: a cut input, STOP
+/// before the last chunk, counts that disagree.
 fn read_in_order<'a>(
     data: &'a [u8],
     plan: &scan::Plan,
