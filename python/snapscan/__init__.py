@@ -189,6 +189,10 @@ def report(path: PathLike | Sequence[PathLike], *, device: int | None = None,
     """
     import json
 
+    for name in ("format", "output"):
+        if name in options:
+            raise TypeError(f"report() returns the JSON report; {name}= is not an option "
+                            "(report_text() gives text or Markdown)")
     options = dict(options, device=device, top=top, stacks=stacks, salvage=salvage)
     args = ["report", "--format", "json", "--quiet", *_report_args(path, options)]
     proc = run(args, timeout=timeout)

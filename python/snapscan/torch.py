@@ -16,7 +16,8 @@ Ranks: the file names carry the process's rank, read from ``RANK``, else ``LOCAL
 (torchrun, Lightning, accelerate and DeepSpeed set them), so the ranks of one job never overwrite
 each other's snapshots and ``snapscan report`` reads the rank numbers back from the names.
 
-Neither helper ever hides the exception that ended the run: a failing dump or report is a
+They use the allocator API of torch 2.1 and newer (``_record_memory_history(enabled="all",
+...)``, ``_cuda_attach_out_of_memory_observer``). Neither helper ever hides the exception that ended the run: a failing dump or report is a
 warning on stderr, and the original ``torch.cuda.OutOfMemoryError`` propagates unchanged.
 """
 

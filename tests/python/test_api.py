@@ -72,10 +72,15 @@ def test_missing_file_raises(tmp_path):
     assert "nothing-here.pickle" in str(info.value)
 
 
-def test_a_file_named_like_an_option_is_a_file(tmp_path):
+def test_a_file_named_like_an_option_is_a_file():
     with pytest.raises(snapscan.SnapscanError) as info:
         snapscan.report("--version")
     assert "--version" in str(info.value)
+
+
+def test_report_refuses_other_formats():
+    with pytest.raises(TypeError, match="report_text"):
+        snapscan.report(OOM, format="text")
 
 
 def test_explain_matches_the_expected_figures():
