@@ -75,7 +75,7 @@ def main() -> int:
 
     # 2. a deliberate OOM under on_oom().
     hook = st.on_oom(out_dir)
-    free, total = torch.cuda.mem_get_info(device)
+    _free, total = torch.cuda.mem_get_info(device)
     stderr = io.StringIO()
     raised = None
     with contextlib.redirect_stderr(stderr):

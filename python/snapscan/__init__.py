@@ -27,7 +27,8 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from typing import Any, Dict, List, Optional, Sequence, Union
+    import subprocess
+    from typing import Any, Dict, List, Sequence, Union
 
     PathLike = Union[str, "os.PathLike[str]"]
 
@@ -118,7 +119,7 @@ def find_bin() -> str:
 
 
 def run(args: Sequence[str], *, input: bytes | None = None, timeout: float | None = None,
-        check: bool = True) -> Any:
+        check: bool = True) -> subprocess.CompletedProcess[bytes]:
     """Run the bundled binary with ``args`` (without the program name), capturing its output.
 
     Returns the :class:`subprocess.CompletedProcess` (``stdout`` and ``stderr`` as bytes).
@@ -145,9 +146,9 @@ def run(args: Sequence[str], *, input: bytes | None = None, timeout: float | Non
 
 def _report_args(paths: PathLike | Sequence[PathLike], options: Dict[str, Any]) -> List[str]:
     if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__"):
-        files = [os.fsdecode(os.fspath(paths))]  # type: ignore[arg-type]
+        files = [os.fsdecode(os.fspath(paths))]
     else:
-        files = [os.fsdecode(os.fspath(p)) for p in paths]  # type: ignore[union-attr]
+        files = [os.fsdecode(os.fspath(p)) for p in paths]
     if not files:
         raise ValueError("report() needs at least one path")
     args: List[str] = []
@@ -196,7 +197,8 @@ def report(path: PathLike | Sequence[PathLike], *, device: int | None = None,
     options = dict(options, device=device, top=top, stacks=stacks, salvage=salvage)
     args = ["report", "--format", "json", "--quiet", *_report_args(path, options)]
     proc = run(args, timeout=timeout)
-    return json.loads(proc.stdout)
+    result: Dict[str, Any] = json.loads(proc.stdout)
+    return result
 
 
 def report_text(path: PathLike | Sequence[PathLike], *, format: str = "text",
@@ -228,7 +230,8 @@ def explain(text: str | bytes, *, timeout: float | None = None) -> List[Dict[str
 
     data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else bytes(text)
     proc = run(["explain", "--format", "json", "--quiet", "-"], input=data, timeout=timeout)
-    return json.loads(proc.stdout)["messages"]
+    messages: List[Dict[str, Any]] = json.loads(proc.stdout)["messages"]
+    return messages
 
 
 def __getattr__(name: str) -> Any:

@@ -17,8 +17,9 @@ Ranks: the file names carry the process's rank, read from ``RANK``, else ``LOCAL
 each other's snapshots and ``snapscan report`` reads the rank numbers back from the names.
 
 They use the allocator API of torch 2.1 and newer (``_record_memory_history(enabled="all",
-...)``, ``_cuda_attach_out_of_memory_observer``). Neither helper ever hides the exception that ended the run: a failing dump or report is a
-warning on stderr, and the original ``torch.cuda.OutOfMemoryError`` propagates unchanged.
+...)``, ``_cuda_attach_out_of_memory_observer``). Neither helper ever hides the exception that
+ended the run: a failing dump or report is a warning on stderr, and the original
+``torch.cuda.OutOfMemoryError`` propagates unchanged.
 """
 
 from __future__ import annotations
@@ -168,9 +169,9 @@ class Recording:
         return self
 
     def __exit__(self, exc_type: Optional[Type[BaseException]],
-                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> bool:
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
         if not self._active:
-            return False
+            return
         self._active = False
         failing = exc is not None
         try:
@@ -193,7 +194,6 @@ class Recording:
                     _warn(f"could not stop recording ({type(e).__name__}: {e})")
         if self.dumped and self.report:
             _print_report(self.path, self.timeout)
-        return False
 
 
 def record(path: str | os.PathLike[str] = "snapshot.pickle",
@@ -251,7 +251,8 @@ class OomHook:
 
     def __call__(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
         # Called by the caching allocator after a failed allocation, before it raises
-        # OutOfMemoryError, with the device's total (or allowed) and free bytes. Whatever is raised here would replace that error: nothing may be.
+        # OutOfMemoryError, with the device's total (or allowed) and free bytes. Whatever is
+        # raised here would replace that error: nothing may be.
         try:
             self._handle(device, alloc, device_total, device_free)
         except BaseException as e:  # noqa: BLE001
