@@ -123,98 +123,185 @@ impl Phases {
     }
 }
 
-/// What a stack says about the phase of the code that allocated.
+/// What one frame says about the phase of the code running under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mark {
+    /// The frame is code of that phase.
+    Is(Phase),
+    /// Only a context: `no_grad`/`inference_mode` decorators turn a forward under them into
+    /// evaluation, but say nothing alone.
+    NoGrad,
+}
+
+/// The phase a frame stands for, by its function and file names.
+fn frame_mark(name: &str, file: &str) -> Option<Mark> {
+    let lower = name.to_ascii_lowercase();
+    let stem = file.rsplit('/').next().unwrap_or(file).to_ascii_lowercase();
+    // Loading first: `optimizer.load_state_dict` loads, it does not step.
+    let loads = matches!(
+        name,
+        "from_pretrained"
+            | "load_state_dict"
+            | "_load_from_state_dict"
+            | "load_checkpoint"
+            | "load_model"
+            | "load_weights"
+            | "_load_pretrained_model"
+            | "_load_state_dict_into_meta_model"
+            | "dispatch_model"
+            | "init_model"
+            | "build_model"
+            | "initialize_model"
+            | "init_all_weights"
+    ) || name.starts_with("init_weight")
+        || file.contains("torch/serialization.py")
+        || (file.contains("torch/nn/modules/module.py")
+            && matches!(
+                name,
+                "to" | "cuda" | "_apply" | "convert" | "half" | "bfloat16" | "float"
+            ));
+    if loads {
+        return Some(Mark::Is(Phase::Load));
+    }
+    // Backward: autograd's engine (C++ frames with stacks="all"), autograd nodes
+    // (`AddmmBackward0`), `loss.backward()`, `accelerator.backward`, DeepSpeed's and Lightning's
+    // backward, FSDP/DeepSpeed backward hooks (reduce-scatter after backward) and the
+    // recomputation of activation checkpointing, which runs inside backward.
+    let backward = (lower.contains("backward") && !lower.starts_with("register"))
+        || name == "_engine_run_backward"
+        || name.contains("autograd::Engine::")
+        || name.contains("AccumulateGrad")
+        || file.contains("torch/autograd/__init__")
+        || (file.contains("torch/utils/checkpoint.py")
+            && matches!(name, "unpack_hook" | "recompute_fn" | "_recompute"))
+        || matches!(
+            name,
+            "reduce_ready_partitions_and_remove_grads"
+                | "reduce_partition_and_remove_grads"
+                | "allreduce_gradients"
+        );
+    if backward {
+        return Some(Mark::Is(Phase::Backward));
+    }
+    // The optimizer: torch.optim, gradient clipping, zero_grad, fused/foreach kernels, the
+    // DeepSpeed engine's step, and hand-written optimizers in files named after them
+    // (`optimizer.py`, `adam_forward.py`).
+    let optimizer = file.contains("torch/optim/")
+        || file.contains("nn/utils/clip_grad")
+        || lower.contains("zero_grad")
+        || name.starts_with("_multi_tensor_")
+        || name.starts_with("_single_tensor_")
+        || name.starts_with("_fused_adam")
+        || matches!(name, "optimizer_step" | "_take_model_step")
+        || (name == "step" && file.contains("deepspeed/runtime/zero"))
+        || (!file.contains("/torch/")
+            && !file.starts_with("torch/")
+            && (stem.contains("optim") || stem.contains("adam")));
+    if optimizer {
+        return Some(Mark::Is(Phase::Optimizer));
+    }
+    // Evaluation: generation (KV caches exist for it), validation and prediction loops,
+    // inference servers' model execution.
+    let eval = matches!(
+        name,
+        "generate"
+            | "evaluate"
+            | "eval_step"
+            | "evaluation_loop"
+            | "_evaluation_loop"
+            | "validation_step"
+            | "test_step"
+            | "predict_step"
+            | "prediction_step"
+            | "prediction_loop"
+            | "predict"
+            | "sample"
+            | "_sample"
+            | "greedy_search"
+            | "beam_search"
+            | "run_eval"
+            | "eval_loop"
+            | "validate"
+            | "execute_model"
+    ) || file.contains("cache_utils");
+    if eval {
+        return Some(Mark::Is(Phase::Eval));
+    }
+    if file.contains("torch/utils/_contextlib.py") && name == "decorate_context" {
+        return Some(Mark::NoGrad);
+    }
+    // Forward: module calls, training_step/compute_loss (HF Trainer, Lightning), FSDP's
+    // pre-forward all-gather, DeepSpeed's pre-forward fetch; inference servers name their passes
+    // prefill/decode.
+    let forward = matches!(
+        name,
+        "forward"
+            | "_call_impl"
+            | "_wrapped_call_impl"
+            | "prefill"
+            | "decode_step"
+            | "training_step"
+            | "compute_loss"
+            | "forward_step"
+            | "_pre_forward"
+            | "_pre_forward_unshard"
+            | "pre_forward"
+            | "pre_sub_module_forward_function"
+    );
+    forward.then_some(Mark::Is(Phase::Forward))
+}
+
+/// What a stack says about the phase of the code that allocated: the innermost frame that stands
+/// for a phase decides, because frameworks nest phases (Lightning runs forward and backward
+/// inside `optimizer.step(closure)`, HF's `training_step` calls both). Outer frames only refine a
+/// forward: recomputation under backward (activation checkpointing) is backward, a forward
+/// under generation, validation or `no_grad` is evaluation, and a forward while loading (a
+/// profiling run at init) is loading.
 pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
     let frames = interner.get_stack(stack);
-    if frames.is_empty() {
-        return None;
-    }
-    let (mut optimizer, mut backward, mut load, mut eval, mut forward) =
-        (false, false, false, false, false);
+    let mut phase: Option<Phase> = None;
+    // A context that would turn the forward into evaluation, kept only if no module forward
+    // runs outside it: `@torch.no_grad()` on a rotary embedding inside a training forward is
+    // not evaluation.
+    let mut eval_context = false;
     for &id in frames {
         let f = interner.get_frame(id);
         let name = interner.get_text(f.name);
-        let file = interner.get_text(f.filename).replace('\\', "/");
-        if file.contains("torch/optim/")
-            || file.contains("nn/utils/clip_grad")
-            || name == "zero_grad"
-            || name.starts_with("_multi_tensor_adam")
-            || name.starts_with("_single_tensor_adam")
-            || name == "optimizer_step"
-        {
-            optimizer = true;
-        }
-        if name == "backward"
-            || name == "_engine_run_backward"
-            || name.contains("autograd::Engine::evaluate_function")
-            || name.contains("autograd::Engine::thread_main")
-            || name.contains("AccumulateGrad")
-            || file.contains("torch/autograd/__init__")
-        {
-            backward = true;
-        }
-        if matches!(
-            name,
-            "from_pretrained"
-                | "load_state_dict"
-                | "_load_from_state_dict"
-                | "load_checkpoint"
-                | "load_model"
-                | "_load_state_dict_into_meta_model"
-                | "dispatch_model"
-        ) || file.contains("torch/serialization.py")
-            || (file.contains("torch/nn/modules/module.py")
-                && matches!(
-                    name,
-                    "to" | "cuda" | "_apply" | "convert" | "half" | "bfloat16"
-                ))
-        {
-            load = true;
-        }
-        if matches!(
-            name,
-            "generate"
-                | "evaluate"
-                | "eval_step"
-                | "evaluation_loop"
-                | "validation_step"
-                | "prediction_step"
-                | "predict"
-                | "sample"
-                | "_sample"
-                | "greedy_search"
-                | "beam_search"
-                | "run_eval"
-                | "eval_loop"
-                | "validate"
-        ) || file.contains("transformers/cache_utils")
-        {
-            // KV caches (transformers' cache_utils) exist for generation.
-            eval = true;
-        }
-        // Inference servers name their forward passes prefill/decode.
-        if matches!(
-            name,
-            "forward" | "_call_impl" | "_wrapped_call_impl" | "prefill" | "decode_step"
-        ) {
-            forward = true;
-        }
+        let raw = interner.get_text(f.filename);
+        let file = if raw.contains('\\') {
+            std::borrow::Cow::Owned(raw.replace('\\', "/"))
+        } else {
+            std::borrow::Cow::Borrowed(raw)
+        };
+        let Some(mark) = frame_mark(name, &file) else {
+            continue;
+        };
+        phase = match (phase, mark) {
+            // Generation and validation code are contexts too: a `sample()` inside a training
+            // forward is not evaluation.
+            (None, Mark::Is(Phase::Eval)) => {
+                eval_context = true;
+                Some(Phase::Forward)
+            }
+            (None, Mark::Is(p)) => Some(p),
+            (None, Mark::NoGrad) => None,
+            (Some(Phase::Forward), Mark::Is(p @ (Phase::Backward | Phase::Load))) => Some(p),
+            (Some(Phase::Forward), Mark::Is(Phase::Eval) | Mark::NoGrad) => {
+                eval_context = true;
+                Some(Phase::Forward)
+            }
+            (Some(Phase::Forward), Mark::Is(Phase::Forward)) => {
+                eval_context = false;
+                Some(Phase::Forward)
+            }
+            (Some(Phase::Eval), Mark::Is(Phase::Load)) => Some(Phase::Load),
+            (p, _) => p,
+        };
     }
-    // The outermost intent wins over what it calls: an optimizer step calls kernels, eval calls
-    // forward, and loading moves modules with `.to()`.
-    if optimizer {
-        Some(Phase::Optimizer)
-    } else if backward {
-        Some(Phase::Backward)
-    } else if eval {
-        Some(Phase::Eval)
-    } else if load {
-        Some(Phase::Load)
-    } else if forward {
-        Some(Phase::Forward)
-    } else {
-        None
+    if eval_context && phase == Some(Phase::Forward) {
+        return Some(Phase::Eval);
     }
+    phase
 }
 
 fn phase_from_metadata(text: &str) -> Option<Phase> {
@@ -237,8 +324,10 @@ fn phase_from_metadata(text: &str) -> Option<Phase> {
     .map(|(_, p)| *p)
 }
 
-/// Time ranges of the optimizer's record_function annotations (step, zero_grad).
-fn annotated_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64, Phase)> {
+/// Time ranges of the optimizer's record_function annotations (`Optimizer.step#AdamW.step`,
+/// `Optimizer.zero_grad#…`), sorted, each with whether it is a step. Other annotations (the
+/// DataLoader's `enumerate(DataLoader)#…`) say nothing about the phase.
+fn annotated_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64, bool)> {
     let mut open: Vec<(String, i64)> = Vec::new();
     let mut ranges = Vec::new();
     for a in &snapshot.annotations {
@@ -246,15 +335,15 @@ fn annotated_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64, Phase)> 
             continue;
         }
         let Some(t) = a.time_us else { continue };
-        let Some(phase) = phase_from_metadata(&a.name) else {
+        if !a.name.starts_with("Optimizer.") {
             continue;
-        };
+        }
         match a.stage.as_str() {
             "START" => open.push((a.name.clone(), t)),
             "END" => {
                 if let Some(pos) = open.iter().rposition(|(n, _)| *n == a.name) {
                     let (_, start) = open.remove(pos);
-                    ranges.push((start, t, phase));
+                    ranges.push((start, t, a.name.starts_with("Optimizer.step")));
                 }
             }
             _ => {}
@@ -315,9 +404,9 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                 trace.for_each_time(p, |i, t| {
                     let Some(t) = t else { return };
                     range_idx = advance(range_idx, t);
-                    if let Some(&(start, end, phase)) = ranges.get(range_idx) {
+                    if let Some(&(start, end, _)) = ranges.get(range_idx) {
                         if start <= t && t <= end {
-                            phases[i - first] = phase;
+                            phases[i - first] = Phase::Optimizer;
                             sources[i - first] = Source::Annotation;
                         }
                     }
@@ -349,11 +438,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         .zip(trace.pieces(piece))
         .for_each(|((phases, sources), piece)| {
             let start = piece.start;
+            // Metadata, frames and position override an annotation: Lightning runs forward and
+            // backward inside the `Optimizer.step` range.
             trace.for_each_core(piece, |i, e| {
                 let k = i - start;
-                if sources[k] != Source::None {
-                    return;
-                }
                 if let Some(p) = e
                     .user_metadata
                     .and_then(|m| phase_from_metadata(interner.get_text(m)))
@@ -388,26 +476,50 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             });
         });
 
-    // Events without evidence take the phase of the last evidence before them; events before
-    // the first evidence take the first one.
+    // Events without evidence (frees, segment events) take the phase of the last evidence
+    // before them. An annotation says nothing past its range: after one, they take the next
+    // evidence instead, and stay unknown when that is an annotation too. Events before the
+    // first evidence take the first one.
+    let mut last: Option<(Phase, Source)> = None;
+    let mut filled = vec![false; per_event.len()];
+    for i in 0..per_event.len() {
+        if source_per_event[i] != Source::None && !filled[i] {
+            last = Some((per_event[i], source_per_event[i]));
+            continue;
+        }
+        if let Some((p, s)) = last.filter(|(_, s)| *s != Source::Annotation) {
+            (per_event[i], source_per_event[i], filled[i]) = (p, s, true);
+        }
+    }
+    let mut next: Option<(Phase, Source)> = None;
+    for i in (0..per_event.len()).rev() {
+        if source_per_event[i] != Source::None {
+            if !filled[i] {
+                next = Some((per_event[i], source_per_event[i]));
+            }
+            continue;
+        }
+        match next.filter(|(_, s)| *s != Source::Annotation) {
+            Some((p, s)) => (per_event[i], source_per_event[i]) = (p, s),
+            None => per_event[i] = Phase::Unknown,
+        }
+    }
     let first = source_per_event
         .iter()
         .position(|&s| s != Source::None)
         .map(|i| (per_event[i], source_per_event[i]));
-    let mut current = first.unwrap_or((Phase::Unknown, Source::None));
-    for (p, s) in per_event.iter_mut().zip(source_per_event.iter_mut()) {
-        if *s == Source::None {
-            (*p, *s) = current;
-        } else {
-            current = (*p, *s);
-        }
-    }
 
-    // Intervals and step numbers: a new step starts at a forward phase that follows a backward or
-    // optimizer phase (eval and load in between do not count); the first training phase is step 0.
+    // Intervals and step numbers. With `Optimizer.step` annotations, steps are counted from
+    // them: a step ends with its optimizer step (and the zero_grad right after it). Without, a
+    // new step starts at a forward that follows a backward or optimizer phase (eval and load in
+    // between do not count); the first training phase is step 0.
+    // Ends of the `Optimizer.step` ranges, in time order.
+    let step_ends: Vec<i64> = ranges.iter().filter(|r| r.2).map(|r| r.1).collect();
+    let by_annotations = !step_ends.is_empty();
     let mut intervals: Vec<PhaseInterval> = Vec::new();
     let mut step: Option<u32> = None;
     let mut last_training: Option<Phase> = None;
+    let mut steps_done: u32 = 0;
     for (i, (&p, &s)) in per_event.iter().zip(&source_per_event).enumerate() {
         if let Some(last) = intervals.last_mut() {
             if last.name == p {
@@ -415,7 +527,15 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                 continue;
             }
         }
-        if matches!(p, Phase::Forward | Phase::Backward | Phase::Optimizer) {
+        if by_annotations {
+            // Optimizer phases keep the step they close (zero_grad after the step included).
+            if p != Phase::Optimizer {
+                if let Some(t) = trace.get(i).and_then(|e| e.time_us) {
+                    steps_done = step_ends.partition_point(|&end| end < t) as u32;
+                }
+            }
+            step = Some(steps_done);
+        } else if matches!(p, Phase::Forward | Phase::Backward | Phase::Optimizer) {
             let new_step = match step {
                 None => true,
                 Some(_) => {
@@ -430,7 +550,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         }
         intervals.push(PhaseInterval {
             name: p,
-            step: if matches!(p, Phase::Load | Phase::Unknown) {
+            step: if p == Phase::Load || (p == Phase::Unknown && !by_annotations) {
                 None
             } else {
                 step
@@ -450,6 +570,16 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
              record with torch.cuda.memory._record_memory_history(stacks=\"python\") to get phases"
                 .to_owned()
         })
+    } else if !has_stacks && per_event.contains(&Phase::Unknown) {
+        // Only the optimizer's annotated ranges: the rest of each step is forward or backward,
+        // and nothing in the trace tells which.
+        Some(
+            "the trace has no stacks (context=None); only the optimizer's record_function \
+             ranges mark phases, so events between them (forward or backward of a step) are \
+             unknown; record with torch.cuda.memory._record_memory_history(stacks=\"python\") \
+             to tell forward from backward"
+                .to_owned(),
+        )
     } else {
         None
     };

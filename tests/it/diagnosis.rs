@@ -128,7 +128,8 @@ fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
         [
             ("forward", "frames"),
             ("backward", "frames"),
-            ("optimizer", "annotation")
+            // The hand-written AdamW in cs336_basics/optimizer.py, inside its annotation.
+            ("optimizer", "frames")
         ]
     );
     let n = report_of("real/notHanmin__assignment2-systems__memory_snapshot.pickle");
