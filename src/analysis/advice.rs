@@ -26,12 +26,18 @@ pub fn advise(
 ) -> Vec<Advice> {
     let mut out = Vec::new();
     let frag_oom = dev.oom.iter().find(|o| o.verdict == "fragmentation");
-    // The phase that matters: where the (first) OOM happened, else where the peak was.
-    let phase = dev
+    // The phase that matters: where the (first) OOM happened, else where the peak was. Advice
+    // never rests on a phase the evidence does not decide.
+    let (claimed, phase_confidence) = dev
         .oom
         .first()
-        .map(|o| o.phase.as_str())
-        .unwrap_or(dev.peak.phase.as_str());
+        .map(|o| (o.phase.as_str(), o.phase_confidence.as_str()))
+        .unwrap_or((dev.peak.phase.as_str(), dev.peak.phase_confidence.as_str()));
+    let phase = if phase_confidence == "low" {
+        "unknown"
+    } else {
+        claimed
+    };
     let peak = dev.peak.requested_bytes.max(0) as u64;
     // Say which event the advice is about.
     let moment = if dev.oom.is_empty() {
@@ -64,10 +70,22 @@ pub fn advise(
         ));
     }
 
-    let activations = cat(dev, "activations");
-    let weights = cat(dev, "weights");
-    let optimizer_state = cat(dev, "optimizer_state");
-    let gradients = cat(dev, "gradients");
+    // Sized advice only from categories of at least medium confidence.
+    let sure = |name: &str| {
+        if dev
+            .category_confidence_at_peak
+            .get(name)
+            .is_some_and(|c| c == "low")
+        {
+            0
+        } else {
+            cat(dev, name)
+        }
+    };
+    let activations = sure("activations").saturating_add(sure("kv_cache"));
+    let weights = sure("weights");
+    let optimizer_state = sure("optimizer_state");
+    let gradients = sure("gradients");
     match phase {
         "load" if weights > 0 => {
                 out.push(advice(
@@ -131,13 +149,24 @@ pub fn advise(
         "eval" => out.push(advice(
             "Use a smaller eval batch, a shorter generation length, or compute logits/loss in chunks",
             format!(
-                "{moment} in evaluation: activations such as logits hold {} ({:.0}% of the peak); logits grow with batch × length × vocabulary",
+                "{moment} in evaluation: activations (logits, KV caches) hold {} ({:.0}% of the peak); logits grow with batch × length × vocabulary, KV caches with batch × generated length",
                 format_bytes(activations),
                 100.0 * activations as f64 / peak.max(1) as f64
             ),
             Some(activations / 2),
             "training settings do not matter here: only the eval loop's shapes do",
         )),
+        "unknown" if dev.window.events > 0 => {
+            let what = if dev.oom.is_empty() { "the peak" } else { "the OOM" };
+            out.push(advice(
+                "Record Python stacks: torch.cuda.memory._record_memory_history(stacks=\"python\"), then rerun snapscan",
+                format!(
+                    "the phase of {what} is not decided by this trace, so no phase-specific fix is advised; with stacks each allocation names the code that made it"
+                ),
+                None,
+                "recording stacks slows allocations down a little and makes the dump bigger",
+            ));
+        }
         _ => {}
     }
     if dev.truncated {
@@ -151,7 +180,7 @@ pub fn advise(
             "each entry costs host memory while recording (hundreds of bytes with stacks)",
         ));
     }
-    if !stacks_recorded && dev.window.events > 0 {
+    if !stacks_recorded && dev.window.events > 0 && phase != "unknown" {
         out.push(advice(
             "Record stacks: torch.cuda.memory._record_memory_history(stacks=\"python\") (or \"all\" for C++ frames)",
             "no frames were recorded, so call sites and phases cannot be told".to_owned(),

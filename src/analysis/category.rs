@@ -23,16 +23,19 @@ pub enum Category {
     Gradients,
     OptimizerState,
     Temporary,
+    /// Keys and values cached for generation (transformers' cache_utils, vLLM's cache engine).
+    KvCache,
     Unknown,
 }
 
 impl Category {
-    pub const ALL: [Category; 6] = [
+    pub const ALL: [Category; 7] = [
         Category::Weights,
         Category::Activations,
         Category::Gradients,
         Category::OptimizerState,
         Category::Temporary,
+        Category::KvCache,
         Category::Unknown,
     ];
 
@@ -43,6 +46,7 @@ impl Category {
             Category::Gradients => "gradients",
             Category::OptimizerState => "optimizer_state",
             Category::Temporary => "temporary",
+            Category::KvCache => "kv_cache",
             Category::Unknown => "unknown",
         }
     }
@@ -66,6 +70,9 @@ pub struct Categorizer<'a> {
     pub interner: &'a Interner,
     /// Requested bytes at the peak (for the eval size rule).
     pub peak_bytes: i64,
+    /// The device has a trace: memory history was being recorded, so a block without a stack
+    /// predates the recording.
+    pub recorded: bool,
 }
 
 impl Categorizer<'_> {
@@ -89,6 +96,12 @@ impl Categorizer<'_> {
     }
 
     pub fn categorize(&self, a: &Allocation) -> (Category, Confidence) {
+        // What the allocating code is, when its frames say so, beats the phase.
+        if a.origin != Origin::FreedInWindow {
+            if let Some(c) = category_from_frames(self.interner, a.stack) {
+                return (c, Confidence::High);
+            }
+        }
         let Some(born) = a.alloc_event else {
             return self.before_window(a);
         };
@@ -121,6 +134,12 @@ impl Categorizer<'_> {
     }
 
     fn before_window(&self, a: &Allocation) -> (Category, Confidence) {
+        // No stack and never freed while history was recorded: allocated before recording
+        // started and kept for the whole window, which in practice is the model's parameters (recording is usually switched on
+        // after the model is loaded). A guess by lifetime alone.
+        if a.stack == crate::snapshot::StackId::EMPTY && a.free_event.is_none() && self.recorded {
+            return (Category::Weights, Confidence::Low);
+        }
         // The recorded stack: the allocation's own for blocks still allocated at the dump, the
         // free's (or a copy of the allocation's) for those freed in the window.
         if a.origin == Origin::Ghost {
@@ -139,9 +158,14 @@ impl Categorizer<'_> {
         match a.free_event.map(|d| self.phases.at(Some(d))) {
             // Saved for backward and released by it.
             Some(Phase::Backward) => (Category::Activations, Confidence::Medium),
-            // Released by zero_grad / the optimizer's own code: gradients.
-            Some(Phase::Optimizer) if free_site == Some(Phase::Optimizer) => {
+            // Released by zero_grad: last step's gradients.
+            Some(Phase::Optimizer) if frees_in_zero_grad(self.interner, a.stack) => {
                 (Category::Gradients, Confidence::Medium)
+            }
+            // Released by the optimizer's step itself: state it replaced (exp_avg, exp_avg_sq
+            // re-created every step instead of updated in place).
+            Some(Phase::Optimizer) if free_site == Some(Phase::Optimizer) => {
+                (Category::OptimizerState, Confidence::Medium)
             }
             // Released by the user's step code at the end of the step (loss, logits, inputs).
             Some(Phase::Optimizer) if a.stack != crate::snapshot::StackId::EMPTY => {
@@ -151,4 +175,31 @@ impl Categorizer<'_> {
             _ => (Category::Unknown, Confidence::Low),
         }
     }
+}
+
+/// Is any frame of the stack `zero_grad` (of torch.optim or a framework's wrapper)?
+fn frees_in_zero_grad(interner: &Interner, stack: crate::snapshot::StackId) -> bool {
+    interner.get_stack(stack).iter().any(|&f| {
+        interner
+            .get_text(interner.get_frame(f).name)
+            .contains("zero_grad")
+    })
+}
+
+/// Categories the allocating code names by itself: KV caches (transformers' `cache_utils`,
+/// vLLM's cache engine, anything called `*kv_cache*`).
+pub fn category_from_frames(
+    interner: &Interner,
+    stack: crate::snapshot::StackId,
+) -> Option<Category> {
+    interner.get_stack(stack).iter().find_map(|&id| {
+        let f = interner.get_frame(id);
+        let name = interner.get_text(f.name).to_ascii_lowercase();
+        let file = interner.get_text(f.filename).replace('\\', "/");
+        (file.contains("cache_utils")
+            || file.contains("cache_engine")
+            || name.contains("kv_cache")
+            || name.contains("kvcache"))
+        .then_some(Category::KvCache)
+    })
 }

@@ -253,10 +253,10 @@ fn frame_mark(name: &str, file: &str) -> Option<Mark> {
 
 /// What a stack says about the phase of the code that allocated: the innermost frame that stands
 /// for a phase decides, because frameworks nest phases (Lightning runs forward and backward
-/// inside `optimizer.step(closure)`, HF's `training_step` calls both). Outer frames only refine a
-/// forward: recomputation under backward (activation checkpointing) is backward, a forward
-/// under generation, validation or `no_grad` is evaluation, and a forward while loading (a
-/// profiling run at init) is loading.
+/// inside `optimizer.step(closure)`, HF's `training_step` calls both). Outer frames only refine
+/// it: recomputation under backward (activation checkpointing) is backward, a forward under
+/// generation, validation or `no_grad` is evaluation, and anything under loading (a profiling
+/// forward at init, optimizer buffers built by `init_model`) is loading.
 pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
     let frames = interner.get_stack(stack);
     let mut phase: Option<Phase> = None;
@@ -294,7 +294,9 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
                 eval_context = false;
                 Some(Phase::Forward)
             }
-            (Some(Phase::Eval), Mark::Is(Phase::Load)) => Some(Phase::Load),
+            // Everything under loading is loading: optimizer and gradient buffers built in
+            // `init_model`, a profiling forward at start-up.
+            (Some(_), Mark::Is(Phase::Load)) => Some(Phase::Load),
             (p, _) => p,
         };
     }

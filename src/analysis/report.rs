@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Confidence};
 use super::layout::{layout_at, Moment, SegmentLayout};
-use super::phase::{find_phases, Phase, Phases};
+use super::phase::{find_phases, phase_from_frames, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
 use crate::report::*;
@@ -62,6 +62,90 @@ fn confidence_name(c: Confidence) -> &'static str {
         Confidence::Medium => "medium",
         Confidence::Low => "low",
     }
+}
+
+/// The phase claimed for an event, how sure it is, and what it rests on.
+fn phase_claim(phases: &Phases, event: Option<u32>) -> (Phase, &'static str, String) {
+    let phase = phases.at(event);
+    let (confidence, evidence) = match (phase, phases.source_at(event)) {
+        (Phase::Unknown, _) | (_, Source::None) => (
+            "low",
+            phases
+                .unknown_reason
+                .clone()
+                .unwrap_or_else(|| "no frame, annotation or metadata near the event points to a phase".to_owned()),
+        ),
+        (_, Source::Frames) => ("high", "the stack frames of the allocations at and around the event".to_owned()),
+        (_, Source::Annotation) => ("high", "the optimizer's record_function range around the event".to_owned()),
+        (_, Source::UserMetadata) => ("high", "the trace entries' user metadata".to_owned()),
+        (_, Source::Position) => (
+            "medium",
+            "position: frameless allocations in a run that records Python stacks come from autograd's backward thread".to_owned(),
+        ),
+    };
+    if phase == Phase::Unknown {
+        return (Phase::Unknown, "low", evidence);
+    }
+    (phase, confidence, evidence)
+}
+
+/// The phase of a peak that is the state at window start (or of a dump without a trace): the
+/// latest activity the stacks of the blocks alive then show. Loading comes first in any run,
+/// so any other phase found is later.
+fn state_phase(snapshot: &Snapshot, live: &[&Allocation]) -> (Phase, &'static str, String) {
+    let mut bytes = [0u64; Phase::ALL.len()];
+    for a in live {
+        if a.stack == StackId::EMPTY {
+            continue;
+        }
+        if let Some(p) = phase_from_frames(&snapshot.interner, a.stack) {
+            bytes[p as usize] = bytes[p as usize].saturating_add(a.requested_bytes);
+        }
+    }
+    let later = [
+        Phase::Forward,
+        Phase::Backward,
+        Phase::Optimizer,
+        Phase::Eval,
+    ]
+    .into_iter()
+    .filter(|p| bytes[*p as usize] > 0)
+    .max_by_key(|p| bytes[*p as usize]);
+    let live_bytes = live
+        .iter()
+        .fold(0u64, |sum, a| sum.saturating_add(a.requested_bytes));
+    let phase =
+        match later {
+            // A few bytes of a later phase (a cached cuBLAS workspace) do not say what was running.
+            Some(p) if (bytes[p as usize] as f64) < 0.05 * live_bytes as f64 => {
+                return (
+                    Phase::Unknown,
+                    "low",
+                    format!(
+                    "the peak is the state at the start of the window (or the dump's own state); \
+                     only {:.1}% of the bytes alive then have stacks that point to a phase ({})",
+                    100.0 * bytes[p as usize] as f64 / live_bytes.max(1) as f64,
+                    p.name()
+                ),
+                )
+            }
+            Some(p) => p,
+            None if bytes[Phase::Load as usize] > 0 => Phase::Load,
+            None => return (
+                Phase::Unknown,
+                "low",
+                "the peak is the state at the start of the window (or the dump's own state) and \
+                 no stack of the blocks alive then points to a phase"
+                    .to_owned(),
+            ),
+        };
+    (
+        phase,
+        "medium",
+        "the stacks of the blocks alive at the peak (the state at window start: no event of its \
+         own), latest activity first"
+            .to_owned(),
+    )
 }
 
 fn live_allocation(d: &Describe, a: &Allocation, at: Option<u32>) -> LiveAllocation {
@@ -250,6 +334,7 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
         "full"
     };
     let live_total = replay.requested.at(Some(event));
+    let oom_phase = phase_claim(phases, Some(event));
     Oom {
         event_index: event,
         time_us: entry.time_us,
@@ -262,7 +347,9 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
         segment_type: kind_name(wanted_kind).to_owned(),
         stream: entry.stream,
         verdict: verdict.to_owned(),
-        phase: phases.at(Some(event)).name().to_owned(),
+        phase: oom_phase.0.name().to_owned(),
+        phase_confidence: oom_phase.1.to_owned(),
+        phase_evidence: oom_phase.2,
         call_site: call_site(&snapshot.interner, entry.frames),
         live_by_call_site: by_call_site(
             snapshot,
@@ -324,6 +411,7 @@ fn device_report_with(
             phases: &phases,
             interner: &snapshot.interner,
             peak_bytes: peak_requested,
+            recorded: !phases.per_event.is_empty(),
         },
     };
     let time_at = |e: Option<u32>| {
@@ -481,6 +569,34 @@ fn device_report_with(
         let slot = phases_at_peak.entry(phase.to_owned()).or_default();
         *slot = slot.saturating_add(a.requested_bytes);
     }
+    // Confidence per category: the one that holds most of its bytes.
+    let mut confidence_bytes: std::collections::BTreeMap<(String, String), u64> =
+        std::collections::BTreeMap::new();
+    for a in &live_at_peak {
+        let slot = confidence_bytes
+            .entry((a.category.clone(), a.confidence.clone()))
+            .or_default();
+        *slot = slot.saturating_add(a.requested_bytes);
+    }
+    let mut category_confidence_at_peak: std::collections::BTreeMap<String, (u64, String)> =
+        std::collections::BTreeMap::new();
+    for ((category, confidence), b) in confidence_bytes {
+        let slot = category_confidence_at_peak
+            .entry(category)
+            .or_insert((0, String::new()));
+        if b > slot.0 || slot.1.is_empty() {
+            *slot = (b, confidence);
+        }
+    }
+    let category_confidence_at_peak = category_confidence_at_peak
+        .into_iter()
+        .map(|(k, (_, c))| (k, c))
+        .collect();
+    let peak_phase = if peak_event.is_none() {
+        state_phase(snapshot, &live)
+    } else {
+        phase_claim(&phases, peak_event)
+    };
     if let Some(reason) = &phases.unknown_reason {
         notes.push(format!("phases unknown: {reason}"));
     }
@@ -512,8 +628,10 @@ fn device_report_with(
             reserved_bytes: replay.reserved.at(peak_event),
             event_index: peak_event,
             time_us: time_at(peak_event),
-            phase: phases.at(peak_event).name().to_owned(),
+            phase: peak_phase.0.name().to_owned(),
             step: phases.step_at(peak_event),
+            phase_confidence: peak_phase.1.to_owned(),
+            phase_evidence: peak_phase.2,
         },
         peak_allocated: LevelPeak {
             bytes: peak_allocated,
@@ -538,6 +656,7 @@ fn device_report_with(
         phases: phases.intervals.clone(),
         phases_unknown_reason: phases.unknown_reason.clone(),
         categories_at_peak,
+        category_confidence_at_peak,
         phases_at_peak,
         steps,
         advice: Vec::new(),

@@ -141,19 +141,33 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
     }
 }
 
-/// "in the backward pass (step 3)" or "" when the phase is unknown.
-fn in_phase(phase: &str, step: Option<u32>) -> String {
+/// "in the backward pass (step 3)", with the confidence when it is not high; "in step 3 (phase
+/// unknown)" or "" when the phase is unknown.
+fn in_phase(phase: &str, step: Option<u32>, confidence: &str) -> String {
     let what = match phase {
         "load" => "while loading the model",
         "forward" => "in the forward pass",
         "backward" => "in the backward pass",
         "optimizer" => "in the optimizer step",
         "eval" => "in evaluation",
-        _ => return String::new(),
+        _ => {
+            return match step {
+                Some(s) => format!(" in step {s} (phase unknown)"),
+                None => " (phase unknown)".to_owned(),
+            }
+        }
     };
-    match step {
-        Some(s) if phase != "load" => format!(" {what} (step {s})"),
-        _ => format!(" {what}"),
+    let mut notes = Vec::new();
+    if let Some(s) = step.filter(|_| phase != "load") {
+        notes.push(format!("step {s}"));
+    }
+    if confidence != "high" && !confidence.is_empty() {
+        notes.push(format!("{confidence} confidence"));
+    }
+    if notes.is_empty() {
+        format!(" {what}")
+    } else {
+        format!(" {what} ({})", notes.join(", "))
     }
 }
 
@@ -165,7 +179,7 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
         .and_then(|iv| iv.step);
     let mut s = format!(
         "OUT OF MEMORY{} {}: a {} request ({} pool, stream {}) failed",
-        in_phase(&o.phase, step),
+        in_phase(&o.phase, step, &o.phase_confidence),
         when(dev, Some(o.event_index), o.time_us),
         format_bytes(o.requested_bytes),
         o.segment_type,
@@ -271,7 +285,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
-            in_phase(&dev.peak.phase, dev.peak.step),
+            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
             when(dev, dev.peak.event_index, dev.peak.time_us),
             bytes(dev.peak.reserved_bytes),
         );
@@ -287,8 +301,25 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "Peak before that: {} requested ({} in blocks){} {}.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
-            in_phase(&dev.peak.phase, dev.peak.step),
+            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
             when(dev, dev.peak.event_index, dev.peak.time_us)
+        )));
+    }
+
+    // How the phase of the headline was found.
+    let (phase, confidence, evidence) = match dev.oom.first() {
+        Some(o) => (&o.phase, &o.phase_confidence, &o.phase_evidence),
+        None => (
+            &dev.peak.phase,
+            &dev.peak.phase_confidence,
+            &dev.peak.phase_evidence,
+        ),
+    };
+    if phase == "unknown" && !evidence.is_empty() {
+        out.push(Block::Para(format!("Phase unknown: {evidence}.")));
+    } else if !evidence.is_empty() {
+        out.push(Block::Para(format!(
+            "Phase: {phase} ({confidence} confidence), from {evidence}."
         )));
     }
 
@@ -350,15 +381,20 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         let share = |b: u64| pct(b as f64 / total.max(1) as f64);
         out.push(Block::Table {
             title: "Where the memory went at the peak (by category, and by the phase that allocated it)".to_owned(),
-            header: vec!["category", "bytes", "share", "", "allocated in", "bytes", "share"],
-            right: vec![false, true, true, false, false, true, true],
+            header: vec!["category", "bytes", "share", "confidence", "", "allocated in", "bytes", "share"],
+            right: vec![false, true, true, false, false, false, true, true],
             rows: (0..cats.len().max(phases.len()))
                 .map(|i| {
                     let (c, cb) = cats.get(i).map_or((String::new(), String::new()), |(c, b)| ((*c).clone(), format_bytes(**b)));
                     let cs = cats.get(i).map_or(String::new(), |(_, b)| share(**b));
+                    let cc = cats
+                        .get(i)
+                        .and_then(|(c, _)| dev.category_confidence_at_peak.get(*c))
+                        .cloned()
+                        .unwrap_or_default();
                     let (p, pb) = phases.get(i).map_or((String::new(), String::new()), |(p, b)| (p.replace('_', " "), format_bytes(**b)));
                     let ps = phases.get(i).map_or(String::new(), |(_, b)| share(**b));
-                    vec![c, cb, cs, String::new(), p, pb, ps]
+                    vec![c, cb, cs, cc, String::new(), p, pb, ps]
                 })
                 .collect(),
         });

@@ -52,6 +52,7 @@ pub fn category_colour(c: Category) -> &'static str {
         Category::Gradients => "#009e73",
         Category::OptimizerState => "#cc79a7",
         Category::Temporary => "#56b4e9",
+        Category::KvCache => "#d55e00",
         Category::Unknown => "#8c8c8c",
     }
 }

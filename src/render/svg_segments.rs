@@ -611,6 +611,7 @@ fn panel(
         phases: &phases,
         interner: &snapshot.interner,
         peak_bytes: replay.requested.peak().0,
+        recorded: !phases.per_event.is_empty(),
     };
     let by = svg::choose_colour_by(
         colour,

@@ -950,6 +950,7 @@ fn panel(
         phases: &phases,
         interner: &snapshot.interner,
         peak_bytes: peak,
+        recorded: !phases.per_event.is_empty(),
     };
     let cats: Vec<(Category, Confidence)> =
         allocs.iter().map(|a| categorizer.categorize(a)).collect();
@@ -1556,6 +1557,7 @@ mod tests {
             phases: &phases,
             interner: &snapshot.interner,
             peak_bytes: replay.requested.peak().0,
+            recorded: !phases.per_event.is_empty(),
         };
         let cats: Vec<_> = allocs.iter().map(|a| categorizer.categorize(a)).collect();
         let mut order: Vec<usize> = (0..allocs.len())

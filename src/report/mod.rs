@@ -119,8 +119,12 @@ pub struct DeviceReport {
     pub phases: Vec<crate::analysis::phase::PhaseInterval>,
     /// Why phases are unknown, when they are.
     pub phases_unknown_reason: Option<String>,
-    /// Requested bytes alive at the peak per category (all six names always present).
+    /// Requested bytes alive at the peak per category (every category name always present).
     pub categories_at_peak: BTreeMap<String, u64>,
+    /// Per category with bytes at the peak: the confidence that holds most of its bytes
+    /// (`high`, `medium`, `low`). Absent in reports written before it existed.
+    #[serde(default)]
+    pub category_confidence_at_peak: BTreeMap<String, String>,
     /// Requested bytes alive at the peak by the phase that allocated them.
     pub phases_at_peak: BTreeMap<String, u64>,
     /// Per training step: its peak and the level it started from.
@@ -198,6 +202,18 @@ pub struct Peak {
     /// Phase at the peak (`unknown` when it cannot be told).
     pub phase: String,
     pub step: Option<u32>,
+    /// How sure `phase` is: `high` (frames, annotations, metadata), `medium` (by position, or
+    /// from the stacks of the blocks alive when the peak is the state at window start), `low`
+    /// (unknown or a guess). Absent in reports written before it existed.
+    #[serde(default = "low")]
+    pub phase_confidence: String,
+    /// What `phase` rests on, in words; why it is unknown when it is.
+    #[serde(default)]
+    pub phase_evidence: String,
+}
+
+fn low() -> String {
+    "low".to_owned()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -269,6 +285,12 @@ pub struct Oom {
     pub stream: u64,
     pub verdict: String,
     pub phase: String,
+    /// How sure `phase` is (as `Peak::phase_confidence`).
+    #[serde(default = "low")]
+    pub phase_confidence: String,
+    /// What `phase` rests on, in words; why it is unknown when it is.
+    #[serde(default)]
+    pub phase_evidence: String,
     pub call_site: Option<String>,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,

@@ -67,7 +67,11 @@ fn phase_of_the_peak_and_of_each_oom_and_categories_match_the_truth() {
                 );
             }
             // Every category name is present in the JSON map.
-            assert_eq!(dev.categories_at_peak.len(), 6, "{rel}");
+            assert_eq!(
+                dev.categories_at_peak.len(),
+                snapscan::analysis::category::Category::ALL.len(),
+                "{rel}"
+            );
         }
     }
 }
@@ -139,7 +143,7 @@ fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
             ("forward", "frames"),
             ("optimizer", "annotation"), // zero_grad
             ("backward", "frames"),
-            ("optimizer", "annotation")
+            ("optimizer", "frames")
         ]
     );
     let m = report_of("real/MAGMA27__assignment2-systems__memory_snapshot.pickle");
@@ -152,15 +156,28 @@ fn real_cs336_training_snapshots_have_forward_backward_and_optimizer() {
 
 #[test]
 fn snapshots_without_a_trace_say_why_phases_are_unknown() {
+    // No timeline: the peak is the dump's own state. Where the stacks of the blocks alive then
+    // point to a phase, that is the peak's phase (the hand label of the verl dump is `load`,
+    // medium); where they do not, it stays unknown with the reason.
     for rel in [
         "real/ZijianDu__Attention__memory.pickle",
         "real/volcengine__verl__mem_mempools.pickle",
     ] {
         let dev = &report_of(rel).devices[0];
-        assert_eq!(dev.peak.phase, "unknown");
         let reason = dev.phases_unknown_reason.as_deref().unwrap();
         assert!(reason.contains("no trace was recorded"), "{rel}: {reason}");
     }
+    let zijian = &report_of("real/ZijianDu__Attention__memory.pickle").devices[0];
+    assert_eq!(zijian.peak.phase, "unknown");
+    assert_eq!(zijian.peak.phase_confidence, "low");
+    assert!(
+        zijian.peak.phase_evidence.contains("0.1%"),
+        "{}",
+        zijian.peak.phase_evidence
+    );
+    let verl = &report_of("real/volcengine__verl__mem_mempools.pickle").devices[0];
+    assert_eq!(verl.peak.phase, "load");
+    assert_eq!(verl.peak.phase_confidence, "medium");
     let none = &report_of("synth/graphs-stacks-none.pickle").devices[0];
     assert!(none
         .phases_unknown_reason
