@@ -592,3 +592,419 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         unknown_reason,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Frame;
+
+    /// The phase of a stack given innermost first as `(file, function)` pairs.
+    fn phase_of(frames: &[(&str, &str)]) -> Option<Phase> {
+        let mut i = Interner::default();
+        let ids = frames
+            .iter()
+            .map(|(file, name)| {
+                let f = Frame {
+                    name: i.text(name),
+                    filename: i.text(file),
+                    line: 1,
+                };
+                i.frame(f)
+            })
+            .collect();
+        let s = i.stack(ids);
+        phase_from_frames(&i, s)
+    }
+
+    const MODULE: &str = "/venv/site-packages/torch/nn/modules/module.py";
+
+    #[test]
+    fn lightning_runs_forward_and_backward_inside_the_optimizer_step() {
+        let outer = [
+            (
+                "/venv/site-packages/lightning/pytorch/loops/optimization/automatic.py",
+                "closure",
+            ),
+            ("/venv/site-packages/torch/optim/optimizer.py", "wrapper"),
+            ("/venv/site-packages/torch/optim/adam.py", "step"),
+            (
+                "/venv/site-packages/lightning/pytorch/core/optimizer.py",
+                "step",
+            ),
+            (
+                "/venv/site-packages/lightning/pytorch/core/module.py",
+                "optimizer_step",
+            ),
+            (
+                "/venv/site-packages/lightning/pytorch/trainer/trainer.py",
+                "fit",
+            ),
+        ];
+        let mut fwd = vec![
+            (
+                "/venv/site-packages/timm/models/vision_transformer.py",
+                "forward",
+            ),
+            (MODULE, "_call_impl"),
+            ("/home/me/dit.py", "forward"),
+            ("/home/me/model.py", "training_step"),
+        ];
+        fwd.extend(outer);
+        assert_eq!(phase_of(&fwd), Some(Phase::Forward));
+        let mut bwd = vec![
+            ("/venv/site-packages/torch/autograd/__init__.py", "backward"),
+            ("/venv/site-packages/torch/_tensor.py", "backward"),
+            (
+                "/venv/site-packages/lightning/pytorch/core/module.py",
+                "backward",
+            ),
+            ("/home/me/model.py", "training_step"),
+        ];
+        bwd.extend(outer);
+        assert_eq!(phase_of(&bwd), Some(Phase::Backward));
+        // The step's own kernels are the optimizer.
+        let step = [
+            (
+                "/venv/site-packages/torch/optim/adam.py",
+                "_multi_tensor_adam",
+            ),
+            ("/venv/site-packages/torch/optim/adam.py", "step"),
+            (
+                "/venv/site-packages/lightning/pytorch/core/module.py",
+                "optimizer_step",
+            ),
+        ];
+        assert_eq!(phase_of(&step), Some(Phase::Optimizer));
+    }
+
+    #[test]
+    fn hf_trainer_and_accelerate() {
+        let forward = [
+            (
+                "/venv/site-packages/transformers/models/llama/modeling_llama.py",
+                "forward",
+            ),
+            (MODULE, "_call_impl"),
+            (
+                "/venv/site-packages/transformers/trainer.py",
+                "compute_loss",
+            ),
+            (
+                "/venv/site-packages/transformers/trainer.py",
+                "training_step",
+            ),
+            (
+                "/venv/site-packages/transformers/trainer.py",
+                "_inner_training_loop",
+            ),
+        ];
+        assert_eq!(phase_of(&forward), Some(Phase::Forward));
+        let backward = [
+            (
+                "/venv/site-packages/torch/autograd/graph.py",
+                "_engine_run_backward",
+            ),
+            ("/venv/site-packages/accelerate/accelerator.py", "backward"),
+            (
+                "/venv/site-packages/transformers/trainer.py",
+                "training_step",
+            ),
+        ];
+        assert_eq!(phase_of(&backward), Some(Phase::Backward));
+        let step = [
+            ("/venv/site-packages/torch/optim/adamw.py", "_fused_adamw"),
+            ("/venv/site-packages/accelerate/optimizer.py", "step"),
+            (
+                "/venv/site-packages/transformers/trainer.py",
+                "_inner_training_loop",
+            ),
+        ];
+        assert_eq!(phase_of(&step), Some(Phase::Optimizer));
+    }
+
+    #[test]
+    fn deepspeed_engine_forward_backward_and_step() {
+        let engine = "/venv/site-packages/deepspeed/runtime/engine.py";
+        let fwd = [
+            (
+                "/venv/site-packages/deepspeed/runtime/zero/parameter_offload.py",
+                "pre_sub_module_forward_function",
+            ),
+            (MODULE, "_call_impl"),
+            (engine, "forward"),
+            ("/home/me/train.py", "main"),
+        ];
+        assert_eq!(phase_of(&fwd), Some(Phase::Forward));
+        let bwd = [
+            (
+                "/venv/site-packages/deepspeed/runtime/zero/stage_1_and_2.py",
+                "reduce_ready_partitions_and_remove_grads",
+            ),
+            (
+                "/venv/site-packages/deepspeed/runtime/zero/stage_1_and_2.py",
+                "reduce_partition_and_remove_grads",
+            ),
+        ];
+        assert_eq!(phase_of(&bwd), Some(Phase::Backward));
+        let bwd_call = [
+            ("/venv/site-packages/torch/_tensor.py", "backward"),
+            (engine, "backward"),
+            ("/home/me/train.py", "main"),
+        ];
+        assert_eq!(phase_of(&bwd_call), Some(Phase::Backward));
+        let step = [
+            (
+                "/venv/site-packages/deepspeed/runtime/zero/stage_1_and_2.py",
+                "step",
+            ),
+            (engine, "_take_model_step"),
+            (engine, "step"),
+        ];
+        assert_eq!(phase_of(&step), Some(Phase::Optimizer));
+    }
+
+    #[test]
+    fn fsdp_all_gather_before_forward_and_reduce_scatter_after_backward() {
+        let fsdp = "/venv/site-packages/torch/distributed/fsdp";
+        let gather = [
+            (&*format!("{fsdp}/_flat_param.py"), "unshard"),
+            (&*format!("{fsdp}/_runtime_utils.py"), "_unshard"),
+            (
+                &*format!("{fsdp}/_runtime_utils.py"),
+                "_pre_forward_unshard",
+            ),
+            (&*format!("{fsdp}/_runtime_utils.py"), "_pre_forward"),
+            (
+                &*format!("{fsdp}/fully_sharded_data_parallel.py"),
+                "forward",
+            ),
+        ];
+        assert_eq!(phase_of(&gather), Some(Phase::Forward));
+        let gather2 = [
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_collectives.py"),
+                "foreach_all_gather",
+            ),
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_param_group.py"),
+                "unshard",
+            ),
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_param_group.py"),
+                "pre_forward",
+            ),
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_state.py"),
+                "_pre_forward",
+            ),
+        ];
+        assert_eq!(phase_of(&gather2), Some(Phase::Forward));
+        let scatter = [
+            (&*format!("{fsdp}/_runtime_utils.py"), "_reduce_grad"),
+            (&*format!("{fsdp}/_runtime_utils.py"), "_post_backward_hook"),
+        ];
+        assert_eq!(phase_of(&scatter), Some(Phase::Backward));
+        let scatter2 = [
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_collectives.py"),
+                "foreach_reduce",
+            ),
+            (
+                &*format!("{fsdp}/_fully_shard/_fsdp_param_group.py"),
+                "post_backward",
+            ),
+        ];
+        assert_eq!(phase_of(&scatter2), Some(Phase::Backward));
+    }
+
+    #[test]
+    fn checkpoint_recomputation_inside_backward_is_backward() {
+        let ckpt = "/venv/site-packages/torch/utils/checkpoint.py";
+        let recompute = [
+            ("/home/me/model.py", "forward"),
+            (MODULE, "_call_impl"),
+            (ckpt, "recompute_fn"),
+            (ckpt, "unpack_hook"),
+        ];
+        assert_eq!(phase_of(&recompute), Some(Phase::Backward));
+        let reentrant = [
+            ("/home/me/model.py", "forward"),
+            (MODULE, "_call_impl"),
+            (ckpt, "backward"),
+            ("/venv/site-packages/torch/autograd/function.py", "apply"),
+        ];
+        assert_eq!(phase_of(&reentrant), Some(Phase::Backward));
+        // The first pass through `checkpoint()` is the forward.
+        let first = [
+            ("/home/me/model.py", "forward"),
+            (ckpt, "checkpoint"),
+            ("/home/me/model.py", "forward"),
+            (MODULE, "_call_impl"),
+        ];
+        assert_eq!(phase_of(&first), Some(Phase::Forward));
+    }
+
+    #[test]
+    fn torch_compile_regions() {
+        let aot = "/venv/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py";
+        let fwd = [
+            (aot, "call_func_at_runtime_with_args"),
+            ("/venv/site-packages/torch/_functorch/_aot_autograd/jit_compile_runtime_wrappers.py", "forward"),
+            ("/venv/site-packages/torch/_dynamo/eval_frame.py", "_fn"),
+            (MODULE, "_call_impl"),
+            ("/home/me/train.py", "train_step"),
+        ];
+        assert_eq!(phase_of(&fwd), Some(Phase::Forward));
+        let bwd = [
+            (aot, "call_func_at_runtime_with_args"),
+            (
+                "/venv/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py",
+                "call_compiled_backward",
+            ),
+            (
+                "/venv/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py",
+                "backward",
+            ),
+        ];
+        assert_eq!(phase_of(&bwd), Some(Phase::Backward));
+    }
+
+    #[test]
+    fn generation_validation_and_no_grad_loops_are_eval() {
+        let generate = [
+            (
+                "/venv/site-packages/transformers/models/llama/modeling_llama.py",
+                "forward",
+            ),
+            (MODULE, "_call_impl"),
+            (
+                "/venv/site-packages/transformers/generation/utils.py",
+                "_sample",
+            ),
+            (
+                "/venv/site-packages/transformers/generation/utils.py",
+                "generate",
+            ),
+            (
+                "/venv/site-packages/torch/utils/_contextlib.py",
+                "decorate_context",
+            ),
+            ("/home/me/infer.py", "main"),
+        ];
+        assert_eq!(phase_of(&generate), Some(Phase::Eval));
+        let kv = [
+            ("/home/me/models/cache_utils_v2.py", "update"),
+            ("/home/me/models/modeling_llama.py", "forward"),
+            (MODULE, "_call_impl"),
+            (
+                "/venv/site-packages/transformers/generation/utils.py",
+                "generate",
+            ),
+        ];
+        assert_eq!(phase_of(&kv), Some(Phase::Eval));
+        let validation = [
+            ("/home/me/model.py", "forward"),
+            (MODULE, "_call_impl"),
+            ("/home/me/model.py", "validation_step"),
+            (
+                "/venv/site-packages/lightning/pytorch/loops/evaluation_loop.py",
+                "run",
+            ),
+        ];
+        assert_eq!(phase_of(&validation), Some(Phase::Eval));
+        let no_grad = [
+            ("/home/me/model.py", "forward"),
+            (MODULE, "_call_impl"),
+            (
+                "/venv/site-packages/torch/utils/_contextlib.py",
+                "decorate_context",
+            ),
+            ("/home/me/eval.py", "run_benchmark"),
+        ];
+        assert_eq!(phase_of(&no_grad), Some(Phase::Eval));
+        // `@torch.no_grad()` on a rotary embedding inside a training forward is not evaluation.
+        let rope = [
+            (
+                "/venv/site-packages/transformers/models/llama/modeling_llama.py",
+                "forward",
+            ),
+            (
+                "/venv/site-packages/torch/utils/_contextlib.py",
+                "decorate_context",
+            ),
+            (MODULE, "_call_impl"),
+            (
+                "/venv/site-packages/transformers/models/llama/modeling_llama.py",
+                "forward",
+            ),
+            (MODULE, "_call_impl"),
+            ("/home/me/train.py", "train_step"),
+        ];
+        assert_eq!(phase_of(&rope), Some(Phase::Forward));
+    }
+
+    #[test]
+    fn cpp_only_autograd_thread_stacks_are_backward() {
+        let stack = [
+            ("??", "torch::unwind::unwind()"),
+            (
+                "CUDACachingAllocator.cpp",
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)",
+            ),
+            ("", "at::cuda::getNewWorkspace()"),
+            (
+                "Blas.cpp",
+                "at::native::(anonymous namespace)::addmm_out_cuda_impl(...)",
+            ),
+            (
+                "??",
+                "torch::autograd::generated::AddmmBackward0::apply(...)",
+            ),
+            ("??", "torch::autograd::Engine::evaluate_function(...)"),
+            ("??", "torch::autograd::Engine::thread_main(...)"),
+            ("./nptl/pthread_create.c", "start_thread"),
+        ];
+        assert_eq!(phase_of(&stack), Some(Phase::Backward));
+    }
+
+    #[test]
+    fn loading_and_hand_written_optimizers() {
+        let init = [
+            ("/home/me/flexgen/pytorch_backend.py", "allocate"),
+            ("/home/me/flexgen/flex_opt.py", "init_weight_list"),
+            ("/home/me/flexgen/flex_opt.py", "init_all_weights"),
+            ("/home/me/flexgen/flex_opt.py", "__init__"),
+        ];
+        assert_eq!(phase_of(&init), Some(Phase::Load));
+        // A profiling forward and optimizer buffers built while initialising are loading.
+        let profile = [
+            (
+                "/venv/site-packages/vllm/model_executor/models/llama.py",
+                "forward",
+            ),
+            (
+                "/venv/site-packages/vllm/worker/model_runner.py",
+                "profile_run",
+            ),
+            ("/home/me/workers.py", "init_model"),
+        ];
+        assert_eq!(phase_of(&profile), Some(Phase::Load));
+        let zeroth_order = [
+            (
+                "C:\\research\\cezo_fl\\gradient_estimators\\adam_forward.py",
+                "update_K_param_paramwise",
+            ),
+            ("C:\\research\\cezo_fl\\client.py", "pull_model"),
+            ("C:\\research\\cezo_fl\\server.py", "train_one_step"),
+        ];
+        assert_eq!(phase_of(&zeroth_order), Some(Phase::Optimizer));
+        // No frame that stands for a phase: no claim.
+        assert_eq!(
+            phase_of(&[
+                ("/home/me/attention/scheduler.py", "step"),
+                ("/home/me/pipeline.py", "__call__")
+            ]),
+            None
+        );
+    }
+}

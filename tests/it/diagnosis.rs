@@ -224,3 +224,62 @@ fn advice_is_tied_to_the_phase_and_never_offers_empty_cache() {
         }
     }
 }
+
+#[test]
+fn optimizer_annotations_without_stacks_mark_only_their_ranges() {
+    // context=None: the only evidence is the `Optimizer.step`/`zero_grad` ranges. The OOM is in
+    // the forward of the last step; nothing says so, so it is unknown, never the optimizer.
+    let rel = "diagnosis/train-oom-stacks-none.pickle";
+    let t = truth(rel);
+    let td = &t["devices"]["0"];
+    let dev = &report_of(rel).devices[0];
+    assert_eq!(dev.oom.len(), 1);
+    let oom = &dev.oom[0];
+    assert_eq!(oom.phase, "unknown");
+    assert_eq!(oom.phase_confidence, "low");
+    assert!(
+        oom.phase_evidence.contains("stacks"),
+        "{}",
+        oom.phase_evidence
+    );
+    assert_ne!(dev.peak.phase, "optimizer");
+    // Steps are counted from the annotated ranges: the OOM's step is the truth's.
+    let step_of = |e: u32| {
+        dev.phases
+            .iter()
+            .find(|iv| iv.first_event <= e && e <= iv.last_event)
+            .and_then(|iv| iv.step)
+    };
+    assert_eq!(
+        step_of(oom.event_index).map(u64::from),
+        td["oom"][0]["step"].as_u64()
+    );
+    // Events called optimizer lie inside the truth's optimizer phases.
+    let truth_phases = td["phases"].as_array().unwrap();
+    for iv in dev.phases.iter().filter(|iv| iv.name.name() == "optimizer") {
+        let inside = truth_phases.iter().any(|p| {
+            p["name"] == "optimizer"
+                && p["first_event"].as_u64().unwrap() <= u64::from(iv.first_event)
+                && u64::from(iv.last_event) <= p["last_event"].as_u64().unwrap() + 1
+        });
+        assert!(inside, "{iv:?} is not in an optimizer phase of the truth");
+    }
+    // No more optimizer state than the truth has at the peak, and no optimizer advice.
+    let truth_optimizer: u64 = td["live_at_peak"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["category"] == "optimizer_state")
+        .map(|a| a["requested_bytes"].as_u64().unwrap())
+        .sum();
+    let ours = dev.categories_at_peak["optimizer_state"];
+    assert!(
+        ours as f64 <= truth_optimizer as f64 * 1.05,
+        "{ours} vs {truth_optimizer}"
+    );
+    assert!(dev
+        .advice
+        .iter()
+        .all(|a| !a.action.contains("8-bit optimizer")));
+    assert!(dev.advice[0].action.contains("stacks=\"python\""));
+}

@@ -7,6 +7,7 @@ mod decode;
 mod diagnosis;
 mod explain;
 mod hostile;
+mod labels;
 mod parallel;
 mod robustness;
 mod salvage;
