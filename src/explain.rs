@@ -5,8 +5,8 @@
 //! [`MAX_SEGMENT_BYTES`]) and the message being read (capped at [`MAX_MESSAGE_BYTES`]) is held.
 //!
 //! A message starts at `CUDA out of memory` and must go on with `Tried to allocate <size>`;
-//! look-alikes (`CUDA error: out of memory`, CPU allocator failures, cuBLAS, MPS, HIP, XLA,
-//! prose) are not messages. All known wordings are read:
+//! ROCm builds print the same message with `HIP out of memory`. Look-alikes (`CUDA error: out
+//! of memory`, CPU allocator failures, cuBLAS, MPS, XLA, prose) are not messages. All known wordings are read:
 //!
 //! * ≈1.0–1.4: `(GPU n; C total capacity; A already allocated; F free; X cached)`
 //! * ≈1.5–2.0: `(GPU n; C total capacity; A already allocated; F free; [L allowed;]
@@ -35,8 +35,19 @@ use serde::Serialize;
 /// Version of the JSON document of `snapscan explain`.
 pub const SCHEMA_VERSION: u32 = 1;
 
-/// The text every message starts with.
+/// The text every message starts with. ROCm builds of PyTorch print the same caching-allocator
+/// message with `HIP` for `CUDA`.
 const ANCHOR: &str = "CUDA out of memory";
+const HIP_ANCHOR: &str = "HIP out of memory";
+
+/// The first message start in `s` at or after `from`: its offset and length.
+fn find_anchor(s: &str, from: usize) -> Option<(usize, usize)> {
+    let rest = s.get(from..)?;
+    [ANCHOR, HIP_ANCHOR]
+        .iter()
+        .filter_map(|a| rest.find(a).map(|k| (from + k, a.len())))
+        .min()
+}
 /// Longest stretch of one line (or of one `\r`-separated part of it) that is looked at; the rest
 /// of a longer line is skipped.
 pub const MAX_SEGMENT_BYTES: usize = 1 << 20;
@@ -122,6 +133,8 @@ pub struct OomMessage {
     pub verdict: Verdict,
     /// Why this verdict, with the figures.
     pub reason: String,
+    /// `cuda`, or `hip` for ROCm builds (`HIP out of memory`).
+    pub device_type: &'static str,
     pub wording: Wording,
     /// `L allowed;` (a per-process memory fraction was set).
     pub allowed_bytes: Option<u64>,
@@ -378,6 +391,8 @@ struct Parsed {
     allowed: Option<Figure>,
     private_pools: Option<Figure>,
     entries: Vec<(u64, Figure)>,
+    /// `HIP out of memory` (a ROCm build).
+    hip: bool,
     /// The last figure of the wording was read.
     complete: bool,
     /// Index in the compact text just after the last figure (or label) read.
@@ -402,6 +417,7 @@ impl Parsed {
             allowed: None,
             private_pools: None,
             entries: Vec::new(),
+            hip: false,
             complete: false,
             end: 0,
             hint: HintVar::None,
@@ -440,7 +456,8 @@ fn gpu_index(cur: &mut Cur) -> Option<u32> {
 /// allocator message (no `Tried to allocate <size>`).
 fn parse(c: &[u8]) -> Option<Parsed> {
     let mut cur = Cur::new(c);
-    if !cur.eat("CUDAoutofmemory") {
+    let hip = cur.eat("HIPoutofmemory");
+    if !hip && !cur.eat("CUDAoutofmemory") {
         return None;
     }
     cur.eat(".");
@@ -449,6 +466,7 @@ fn parse(c: &[u8]) -> Option<Parsed> {
     }
     if cur.eat("morethan1EBmemory") {
         let mut p = Parsed::new(Figure::Bytes(ONE_EXA_BYTES));
+        p.hip = hip;
         p.more_than_1eb = true;
         p.complete = true;
         p.end = cur.i;
@@ -456,6 +474,7 @@ fn parse(c: &[u8]) -> Option<Parsed> {
     }
     let requested = cur.size()?;
     let mut p = Parsed::new(requested);
+    p.hip = hip;
     p.end = cur.i;
     cur.eat(".");
     if cur.eat("(GPU") {
@@ -490,28 +509,45 @@ fn parenthesised(cur: &mut Cur, p: &mut Parsed) {
     cur.eat(";");
     loop {
         let rest = cur.rest();
-        let Some(k) = rest.iter().position(|&b| b == b';' || b == b')') else {
+        let delimiter = rest.iter().position(|&b| b == b';' || b == b')');
+        // The last item of a message whose closing parenthesis was lost (pasted, cut) ends the
+        // message; its label is followed by whatever came next.
+        let lost_paren = delimiter.is_none()
+            && Cur::new(rest).size().is_some()
+            && [&b"reservedintotalbyPyTorch"[..], b"cached"]
+                .iter()
+                .any(|label| contains(rest, label));
+        let Some(k) = delimiter.or(lost_paren.then_some(rest.len())) else {
             return;
         };
         let item = &rest[..k];
-        let closing = rest[k] == b')';
+        let closing = lost_paren || rest[k] == b')';
         let mut ic = Cur::new(item);
         if let Some(figure) = ic.size() {
-            let slot = match ic.rest() {
-                b"totalcapacity" | b"totalcapacty" => Some(&mut p.capacity),
-                b"alreadyallocated" => Some(&mut p.allocated),
-                b"free" => Some(&mut p.free),
-                b"cached" => Some(&mut p.cached),
-                b"reservedintotalbyPyTorch" => Some(&mut p.reserved),
-                b"allowed" => Some(&mut p.allowed),
-                _ => None,
+            let label = ic.rest();
+            // Labels are read as prefixes: without the parenthesis, text runs on after them.
+            let is = |l: &[u8]| label == l || (lost_paren && label.starts_with(l));
+            let slot = if is(b"totalcapacity") || is(b"totalcapacty") {
+                Some(&mut p.capacity)
+            } else if is(b"alreadyallocated") {
+                Some(&mut p.allocated)
+            } else if is(b"free") {
+                Some(&mut p.free)
+            } else if label.starts_with(b"cached") {
+                Some(&mut p.cached)
+            } else if label.starts_with(b"reservedintotalbyPyTorch") {
+                Some(&mut p.reserved)
+            } else if is(b"allowed") {
+                Some(&mut p.allowed)
+            } else {
+                None
             };
             if let Some(slot) = slot {
                 *slot = Some(figure);
                 p.end = cur.i + k + 1;
             }
         }
-        cur.i += k + 1;
+        cur.i += (k + 1).min(rest.len());
         if closing {
             p.complete = true;
             p.end = cur.i;
@@ -608,7 +644,10 @@ fn sentences(cur: &mut Cur, p: &mut Parsed) -> Option<()> {
 
 /// Could `c` (compact, from the anchor) still become a message once more lines are joined?
 fn may_continue(c: &[u8]) -> bool {
-    let t = c.strip_prefix(b"CUDAoutofmemory").unwrap_or(c);
+    let t = c
+        .strip_prefix(b"CUDAoutofmemory")
+        .or_else(|| c.strip_prefix(b"HIPoutofmemory"))
+        .unwrap_or(c);
     let t = t.strip_prefix(b".").unwrap_or(t);
     const TRIED: &[u8] = b"Triedtoallocate";
     if TRIED.starts_with(t) {
@@ -694,8 +733,36 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
     }
 
     let req = requested_bytes;
+    let hip = p.hip;
     let others = match (capacity, free, process_in_use) {
         (Some(c), Some(f), Some(u)) => Some(i128::from(c) - i128::from(f) - i128::from(u)),
+        // Without the `this process` line (containers list every process by PID), the
+        // `Process N has X memory in use` entries are other processes, except at most one that
+        // could be this one: at least what PyTorch reserved, and at most 2 GiB or 5 % of the
+        // device more (CUDA context, cuBLAS/NCCL workspaces, non-PyTorch memory).
+        (_, _, None) if !entries.is_empty() => {
+            let floor = allocated
+                .unwrap_or(0)
+                .saturating_add(reserved_unallocated.unwrap_or(0))
+                .max(reserved.unwrap_or(0));
+            let slack = (2u64 << 30).max(capacity.unwrap_or(0) / 20);
+            let maybe_self = entries
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| e.bytes.map(|b| (i, b)))
+                .filter(|(_, b)| floor > 0 && *b >= floor && *b - floor <= slack)
+                .min_by_key(|(_, b)| *b - floor)
+                .map(|(i, _)| i);
+            Some(
+                entries
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| Some(*i) != maybe_self)
+                    .filter_map(|(_, e)| e.bytes)
+                    .map(i128::from)
+                    .sum(),
+            )
+        }
         _ => None,
     };
     let verdict = if reserved_unallocated.is_some_and(|u| u >= req) {
@@ -714,6 +781,12 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
             "{} was reserved by PyTorch but unallocated, at least the {} requested: the cache \
              held enough free memory, but no single free block large enough",
             fs(reserved_unallocated.unwrap_or(0)),
+            fs(req)
+        ),
+        Verdict::OtherProcesses if process_in_use.is_none() => format!(
+            "the message lists other processes holding {} (`Process N has X memory in use`), at \
+             least the {} requested",
+            fs(others.and_then(|o| u64::try_from(o).ok()).unwrap_or(0)),
             fs(req)
         ),
         Verdict::OtherProcesses => format!(
@@ -837,6 +910,7 @@ fn build(line: u64, text: &str, map: &[usize], p: Parsed) -> OomMessage {
         reserved_unallocated_bytes: reserved_unallocated,
         verdict,
         reason,
+        device_type: if hip { "hip" } else { "cuda" },
         wording: p.wording,
         allowed_bytes: known(&p.allowed),
         private_pools_bytes: known(&p.private_pools),
@@ -1230,7 +1304,7 @@ impl Scanner {
     }
 
     fn push_part(&mut self, line: u64, seg: &str) {
-        let first_anchor = seg.find(ANCHOR);
+        let first_anchor = find_anchor(seg, 0).map(|(k, _)| k);
         if let Some(mut p) = self.pending.take() {
             if first_anchor.is_none() && !seg.trim().is_empty() {
                 let cont = strip_continuation_prefix(&p.prefix, seg);
@@ -1255,10 +1329,9 @@ impl Scanner {
         let prefix = head(&seg[..first], 256).to_owned();
         let mut start = first;
         loop {
-            let next = seg
-                .get(start + ANCHOR.len()..)
-                .and_then(|r| r.find(ANCHOR))
-                .map(|k| start + ANCHOR.len() + k);
+            let next = find_anchor(seg, start)
+                .and_then(|(k, len)| find_anchor(seg, k + len))
+                .map(|(k, _)| k);
             let end = next.unwrap_or(seg.len());
             let p = Pending {
                 line,
@@ -1592,7 +1665,6 @@ mod tests {
             "I got CUDA out of memory when training",
             "RuntimeError: CUDA out of memory",
             "RuntimeError: CUDA out of memory.\n\nnext",
-            "HIP out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 1.00 GiB",
             "MPS backend out of memory (MPS allocated: 18.02 GB). Tried to allocate 4.50 MB",
             "CUDA out of memory. Tried to allocate lots",
             "CUDA out of memory. Tried to allocate 20.00 MB",

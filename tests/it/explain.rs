@@ -297,3 +297,72 @@ fn large_log_streams() {
     assert_eq!(lines, vec![100_001, 200_002]);
     assert_eq!(found.lines, 200_002);
 }
+
+#[test]
+fn hip_messages_are_explained_like_cuda_ones() {
+    let e = explain::scan_str(
+        "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total \
+         capacity of 63.98 GiB of which 1.00 GiB is free. Of the allocated memory 60.00 GiB is \
+         allocated by PyTorch, and 512.00 MiB is reserved by PyTorch but unallocated.",
+    );
+    assert_eq!(e.messages.len(), 1);
+    let m = &e.messages[0];
+    assert_eq!(m.device_type, "hip");
+    assert_eq!(m.requested_bytes, 2 << 30);
+    assert_eq!(m.verdict, Verdict::Full);
+    let cuda = explain::scan_str("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 1.00 GiB total capacity; 0 bytes already allocated; 0 bytes free; 0 bytes reserved in total by PyTorch)");
+    assert_eq!(cuda.messages[0].device_type, "cuda");
+}
+
+#[test]
+fn a_lost_closing_parenthesis_keeps_the_reserved_figure() {
+    for tail in [
+        " If reserved memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.",
+        "\nTraceback (most recent call last):",
+        "",
+    ] {
+        let log = format!(
+            "RuntimeError: CUDA out of memory. Tried to allocate 256.00 MiB (GPU 0; 23.69 GiB \
+             total capacity; 20.10 GiB already allocated; 101.69 MiB free; 22.80 GiB reserved \
+             in total by PyTorch{tail}"
+        );
+        let e = explain::scan_str(&log);
+        assert_eq!(e.messages.len(), 1, "{log}");
+        let m = &e.messages[0];
+        assert_eq!(
+            m.reserved_bytes,
+            Some(24481313587),
+            "{log}: reserved 22.80 GiB"
+        );
+        assert_eq!(m.verdict, Verdict::Fragmentation, "{log}");
+    }
+}
+
+#[test]
+fn process_entries_without_this_process_line_count_as_other_processes() {
+    // In containers the message names processes by PID only.
+    let e = explain::scan_str(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a \
+         total capacity of 23.65 GiB of which 1.06 GiB is free. Process 4821 has 9.10 GiB memory \
+         in use. Process 5120 has 12.40 GiB memory in use. Of the allocated memory 11.80 GiB is \
+         allocated by PyTorch, and 120.00 MiB is reserved by PyTorch but unallocated.",
+    );
+    let m = &e.messages[0];
+    // 12.40 GiB is this process (11.80 + 0.12 GiB reserved and its context); 9.10 GiB is another.
+    assert_eq!(m.verdict, Verdict::OtherProcesses, "{}", m.reason);
+    let alone = explain::scan_str(
+        "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 15.77 GiB \
+         of which 312.00 MiB is free. Process 4821 has 9.10 GiB memory in use. Of the allocated \
+         memory 5.90 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but \
+         unallocated.",
+    );
+    assert_eq!(alone.messages[0].verdict, Verdict::OtherProcesses);
+    // The only process listed is this one: the device is full.
+    let own = explain::scan_str(
+        "CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 15.77 GiB \
+         of which 312.00 MiB is free. Process 4821 has 15.40 GiB memory in use. Of the allocated \
+         memory 14.70 GiB is allocated by PyTorch, and 100.00 MiB is reserved by PyTorch but \
+         unallocated.",
+    );
+    assert_eq!(own.messages[0].verdict, Verdict::Full);
+}
