@@ -70,26 +70,119 @@ pub fn format_frame(interner: &Interner, frame: Frame) -> String {
     )
 }
 
-/// The call site of a stack: the innermost shown frame outside PyTorch internals and C++; else
-/// the innermost shown frame; `None` for an empty stack.
+/// Frames of torch's own machinery that no user recognises as the place that allocated: the
+/// caching allocator, tensor factories, the dispatcher and its generated wrappers, the unwinder,
+/// the interpreter loop and thread start-up (all from `stacks="all"`).
+fn is_machinery(name: &str, filename: &str) -> bool {
+    const NAMES: [&str; 22] = [
+        "CachingAllocator",
+        "c10::cuda::",
+        "at::detail::empty",
+        "at::empty",
+        "at::native::empty",
+        "c10::impl::",
+        "c10::Dispatcher",
+        "c10::KernelFunction",
+        "at::_ops::",
+        "redispatch",
+        "wrap_kernel_functor",
+        "torch::unwind",
+        "CapturedTraceback",
+        "gather_with_cpp",
+        "TensorIteratorBase",
+        "create_out",
+        "_PyEval",
+        "_PyObject",
+        "_PyFunction",
+        "start_thread",
+        "execute_native_thread_routine",
+        "__clone",
+    ];
+    const FILES: [&str; 6] = [
+        "CachingAllocator",
+        "memory_snapshot.cpp",
+        "Register",
+        "VariableType",
+        "nptl/",
+        "sysdeps/",
+    ];
+    // CPython's own sources, not a user's folder that happens to be called Python/.
+    let cpython = (filename.ends_with(".c") || filename.ends_with(".h"))
+        && ["Objects/", "Python/", "Include/"]
+            .iter()
+            .any(|d| filename.contains(d));
+    // CPython's C API as it shows in unwound native frames (`PyMethod_New`, `_PyRun_…`).
+    let c_api = (name.starts_with("Py") || name.starts_with("_Py")) && is_native(name, filename);
+    cpython
+        || c_api
+        || NAMES.iter().any(|n| name.contains(n))
+        || FILES.iter().any(|f| filename.contains(f))
+}
+
+/// `torch::autograd::generated::AddmmBackward0::apply(...)` → `AddmmBackward0`.
+fn autograd_node(name: &str) -> Option<&str> {
+    if name.contains("AccumulateGrad") {
+        return Some("AccumulateGrad");
+    }
+    let rest = name.split("torch::autograd::generated::").nth(1)?;
+    let node = rest.split("::").next()?;
+    node.contains("Backward").then_some(node)
+}
+
+/// A C++ function name without its arguments and template arguments' noise.
+fn short_native(name: &str) -> &str {
+    name.split('(').next().unwrap_or(name).trim()
+}
+
+/// The call site of a stack: the innermost frame of user or framework code outside torch's own
+/// Python and C++; else, for a C++-only stack (autograd's thread with `stacks="all"`), the
+/// autograd node (`autograd: AddmmBackward0 (cuBLAS workspace)`); else the innermost torch
+/// Python frame; else the innermost C++ frame that is not allocator, dispatcher, unwinder or
+/// interpreter machinery. `None` for an empty stack.
 pub fn call_site(interner: &Interner, stack: StackId) -> Option<String> {
     let frames = interner.get_stack(stack);
-    let mut first_shown = None;
+    let mut torch_python = None;
+    let mut native = None;
+    let mut node = None;
+    let mut workspace = false;
     for &id in frames {
         let f = interner.get_frame(id);
         let name = interner.get_text(f.name);
         let filename = interner.get_text(f.filename);
-        if !viewer_shows(name, filename) {
+        if name.contains("getNewWorkspace") || name.contains("getCurrentCUDABlasHandle") {
+            workspace = true;
+        }
+        if node.is_none() {
+            node = autograd_node(name);
+        }
+        if !viewer_shows(name, filename) || is_machinery(name, filename) {
             continue;
         }
-        if first_shown.is_none() {
-            first_shown = Some(f);
-        }
-        if !is_native(name, filename) && !is_torch_internal(filename) {
+        if is_native(name, filename) {
+            if native.is_none() {
+                native = Some(short_native(name));
+            }
+        } else if is_torch_internal(filename) {
+            if torch_python.is_none() {
+                torch_python = Some(f);
+            }
+        } else {
             return Some(format_frame(interner, f));
         }
     }
-    first_shown.map(|f| format_frame(interner, f))
+    if let Some(node) = node.filter(|_| torch_python.is_none()) {
+        let what = if workspace { " (cuBLAS workspace)" } else { "" };
+        return Some(format!("autograd: {node}{what}"));
+    }
+    if let Some(f) = torch_python {
+        return Some(format_frame(interner, f));
+    }
+    native.map(str::to_owned).or_else(|| {
+        // Nothing but machinery: its innermost frame still says more than nothing.
+        frames
+            .first()
+            .map(|&id| format_frame(interner, interner.get_frame(id)))
+    })
 }
 
 /// The whole stack as shown by the viewers (innermost first), repeated lines collapsed.
@@ -98,7 +191,10 @@ pub fn stack_lines(interner: &Interner, stack: StackId) -> Vec<String> {
     let mut repeats = 0usize;
     for &id in interner.get_stack(stack) {
         let f = interner.get_frame(id);
-        if !viewer_shows(interner.get_text(f.name), interner.get_text(f.filename)) {
+        let (name, filename) = (interner.get_text(f.name), interner.get_text(f.filename));
+        // The allocator, dispatcher and interpreter frames of `stacks="all"` bury the code
+        // that allocated under dozens of lines.
+        if !viewer_shows(name, filename) || is_machinery(name, filename) {
             continue;
         }
         let line = format_frame(interner, f);
@@ -182,5 +278,78 @@ mod tests {
             Some("/home/me/train.py:42:step")
         );
         assert_eq!(call_site(&i, StackId::EMPTY), None);
+    }
+
+    fn stack(i: &mut Interner, frames: &[(&str, &str)]) -> StackId {
+        let ids = frames
+            .iter()
+            .map(|(file, name)| {
+                let f = Frame {
+                    name: i.text(name),
+                    filename: i.text(file),
+                    line: 0,
+                };
+                i.frame(f)
+            })
+            .collect();
+        i.stack(ids)
+    }
+
+    #[test]
+    fn cpp_only_autograd_stacks_are_named_by_their_node() {
+        let mut i = Interner::default();
+        let s = stack(
+            &mut i,
+            &[
+                ("??", "torch::unwind::unwind()"),
+                ("CUDACachingAllocator.cpp", "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)"),
+                ("", "at::cuda::getNewWorkspace()"),
+                ("??", "at::cuda::getCurrentCUDABlasHandle()"),
+                ("Blas.cpp", "at::native::(anonymous namespace)::addmm_out_cuda_impl(at::Tensor&)"),
+                ("RegisterCUDA.cpp", "at::(anonymous namespace)::wrapper_CUDA_mm(at::Tensor const&)"),
+                ("??", "at::_ops::mm::call(at::Tensor const&, at::Tensor const&)"),
+                ("??", "torch::autograd::generated::AddmmBackward0::apply(std::vector<at::Tensor>&&)"),
+                ("??", "torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&)"),
+                ("??", "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+                ("./nptl/pthread_create.c", "start_thread"),
+            ],
+        );
+        assert_eq!(
+            call_site(&i, s).as_deref(),
+            Some("autograd: AddmmBackward0 (cuBLAS workspace)")
+        );
+        let lines = stack_lines(&i, s);
+        assert!(
+            lines.iter().all(|l| !l.contains("CachingAllocator")),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn allocator_and_interpreter_frames_are_never_the_call_site() {
+        let mut i = Interner::default();
+        let s = stack(
+            &mut i,
+            &[
+                (
+                    "CUDACachingAllocator.cpp",
+                    "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(...)",
+                ),
+                ("??", "at::detail::empty_cuda(c10::ArrayRef<long>)"),
+                (
+                    "python_variable_methods.cpp",
+                    "torch::autograd::THPVariable_div(_object*, _object*)",
+                ),
+                (
+                    "/conda/python-3.12.2/Objects/descrobject.c",
+                    "method_vectorcall_VARARGS_KEYWORDS",
+                ),
+                ("/home/me/attention/scheduler.py", "step"),
+            ],
+        );
+        assert_eq!(
+            call_site(&i, s).as_deref(),
+            Some("me/attention/scheduler.py:0:step")
+        );
     }
 }
