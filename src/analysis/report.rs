@@ -431,57 +431,130 @@ fn device_report_with(
         .map(|a| live_allocation(&describe, a, peak_event))
         .collect();
 
-    // Held open: alive at the peak and allocated before the phase that contains it; without
-    // phases, before the last low point of the requested curve before the peak.
+    // Held open: what was alive at the peak but did not have to be: left over from an earlier
+    // step (last step's gradients, activations, replaced optimizer tensors, kept eval outputs)
+    // or from before the window, and not weights or optimizer state kept across steps. Without
+    // steps, "earlier" is before the peak's phase began, or before the last low point of the
+    // requested curve when phases are unknown.
+    let peak_step = phases.step_at(peak_event);
+    let step_start = peak_step.and_then(|st| {
+        phases
+            .intervals
+            .iter()
+            .find(|iv| iv.step == Some(st))
+            .map(|iv| iv.first_event)
+    });
     let phase_start = peak_event
         .and_then(|e| phases.interval_of(e))
         .map(|i| &phases.intervals[i])
         .filter(|iv| iv.name != Phase::Unknown);
-    let (boundary, boundary_event, definition) = match phase_start {
-        Some(iv) => (
+    let (boundary, boundary_event, definition) = match (step_start, peak_step, phase_start) {
+        // The step's own activations are what its backward needs; only what is older counts.
+        (Some(first), Some(st), _) => (
+            "step_start",
+            first.checked_sub(1),
+            format!(
+                "alive at the peak but left over from before step {st} began (event {first}) or \
+                 from before the window, and neither weights nor optimizer state kept across \
+                 steps: earlier steps' gradients, activations or replaced optimizer tensors; \
+                 releasing them earlier would lower the peak"
+            ),
+        ),
+        (_, _, Some(iv)) => (
             "phase_start",
             iv.first_event.checked_sub(1),
             format!(
-                "alive at the peak and allocated before the {} phase that contains it began \
-                 (event {}): releasing these earlier would lower the peak",
+                "alive at the peak, allocated before the {} phase that contains it began (event \
+                 {}), and not weights or optimizer state kept across steps: releasing these \
+                 earlier would lower the peak",
                 iv.name.name(),
                 iv.first_event
             ),
         ),
-        None => {
+        _ => {
             let (low_event, _) = low_point_before(replay, peak_event);
             (
                 "low_point",
                 low_event,
-                "alive at the peak and already allocated at the last low point of requested \
-                 memory before it: the peak was built on top of these"
+                "alive at the peak, already allocated at the last low point of requested memory \
+                 before it, and not weights: the peak was built on top of these"
                     .to_owned(),
             )
         }
     };
-    let held: Vec<&Allocation> = live
+    let categories: Vec<Category> = live
+        .iter()
+        .map(|a| describe.categorizer.categorize(a).0)
+        .collect();
+    let held: Vec<(&Allocation, Category)> = live
         .iter()
         .copied()
-        .filter(|a| match (a.alloc_event, boundary_event) {
-            (None, _) => peak_event.is_some(),
-            (Some(_), None) => false,
-            (Some(b), Some(l)) => b <= l,
+        .zip(categories.iter().copied())
+        .filter(|(a, category)| {
+            // Weights must be there; optimizer state updated in place is read by the next step.
+            if *category == Category::Weights
+                || (*category == Category::OptimizerState && a.free_event.is_none())
+            {
+                return false;
+            }
+            match (a.alloc_event, boundary_event) {
+                (None, _) => peak_event.is_some(),
+                (Some(_), None) => false,
+                (Some(b), Some(l)) => b <= l,
+            }
         })
         .collect();
+    // Optimizer state freed by a later optimizer step: re-created each step instead of updated
+    // in place, so the old and the new copy are alive together.
+    let reallocated_state_bytes = held
+        .iter()
+        .filter(|(a, c)| {
+            *c == Category::OptimizerState
+                && a.free_event
+                    .is_some_and(|d| phases.at(Some(d)) == Phase::Optimizer)
+        })
+        .fold(0u64, |sum, (a, _)| sum.saturating_add(a.requested_bytes));
+    let mut held_by_step: std::collections::BTreeMap<String, u64> =
+        std::collections::BTreeMap::new();
+    for (a, _) in &held {
+        let key = match a.alloc_event {
+            None => "before_window".to_owned(),
+            Some(b) => match phases.step_at(Some(b)) {
+                Some(st) => format!("step {st}"),
+                None => phases.at(Some(b)).name().to_owned(),
+            },
+        };
+        let slot = held_by_step.entry(key).or_default();
+        *slot = slot.saturating_add(a.requested_bytes);
+    }
+    let held_bytes = held
+        .iter()
+        .fold(0u64, |sum, (a, _)| sum.saturating_add(a.requested_bytes));
     let held_open = HeldOpen {
         definition,
         boundary: boundary.to_owned(),
         boundary_event,
         boundary_requested_bytes: replay.requested.at(boundary_event),
-        bytes: held
-            .iter()
-            .fold(0u64, |sum, a| sum.saturating_add(a.requested_bytes)),
+        bytes: held_bytes,
         count: held.len() as u64,
         allocations: held
             .iter()
             .take(options.held_open_limit)
-            .map(|a| live_allocation(&describe, a, peak_event))
+            .map(|(a, _)| live_allocation(&describe, a, peak_event))
             .collect(),
+        share_of_peak: if peak_requested > 0 {
+            held_bytes as f64 / peak_requested as f64
+        } else {
+            0.0
+        },
+        by_call_site: by_call_site(
+            snapshot,
+            &describe.sites,
+            held.iter().map(|(a, _)| *a),
+            peak_requested,
+        ),
+        by_step: held_by_step,
+        reallocated_state_bytes,
     };
 
     let largest_request = summary.largest_request;

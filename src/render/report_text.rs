@@ -292,6 +292,14 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         if dev.window.events == 0 {
             s.push_str(" (No trace was recorded: these are the dump's own figures.)");
         }
+        if dev.held_open.share_of_peak >= 0.1 && dev.peak.event_index.is_some() {
+            let _ = write!(
+                s,
+                " {} of it ({}) need not have been there: left over from earlier (held the peak open, below).",
+                format_bytes(dev.held_open.bytes),
+                pct(dev.held_open.share_of_peak)
+            );
+        }
         out.push(Block::Para(s));
     } else {
         for o in &dev.oom {
@@ -452,16 +460,44 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     ));
 
     // 4. Held open.
-    if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
+    if dev.peak.event_index.is_some()
+        && dev.held_open.count > 0
+        && dev.held_open.share_of_peak < 0.01
+    {
+        out.push(Block::Para(format!(
+            "Held the peak open: nothing sizeable ({} in {} allocations, under 1% of the peak, is left over from earlier).",
+            format_bytes(dev.held_open.bytes),
+            dev.held_open.count
+        )));
+    } else if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
+        let h = &dev.held_open;
+        let mut from: Vec<(&String, &u64)> = h.by_step.iter().collect();
+        from.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let from = from
+            .iter()
+            .map(|(k, b)| format!("{} {}", k.replace('_', " "), format_bytes(**b)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut title = format!(
+            "Held the peak open: {} ({}) in {} allocations — {} (at that point {} was requested). From: {from}",
+            format_bytes(h.bytes),
+            pct(h.share_of_peak),
+            h.count,
+            h.definition,
+            bytes(h.boundary_requested_bytes),
+        );
+        if h.reallocated_state_bytes > 0 {
+            let _ = write!(
+                title,
+                ". {} of it is optimizer state re-created every step instead of updated in place: \
+                 the old tensors stay alive until the next step replaces them",
+                format_bytes(h.reallocated_state_bytes)
+            );
+        }
+        out.extend(call_site_table(title, &h.by_call_site, view));
         out.push(allocation_table(
-            format!(
-                "Held the peak open: {} in {} allocations — {} (at that point {} was requested)",
-                format_bytes(dev.held_open.bytes),
-                dev.held_open.count,
-                dev.held_open.definition,
-                bytes(dev.held_open.boundary_requested_bytes),
-            ),
-            &dev.held_open.allocations,
+            "Largest allocations that held the peak open".to_owned(),
+            &h.allocations,
             view,
         ));
     }

@@ -257,8 +257,9 @@ pub struct CallSiteBytes {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeldOpen {
     pub definition: String,
-    /// `phase_start` (allocated before the peak's phase began) or `low_point` (before the last
-    /// low point of requested memory, when phases are unknown).
+    /// `step_start` (left over from before the peak's step), `phase_start` (allocated before
+    /// the peak's phase began, when steps are unknown) or `low_point` (before the last low point
+    /// of requested memory, when phases are unknown).
     pub boundary: String,
     /// Last event before the boundary (null = window start).
     pub boundary_event: Option<u32>,
@@ -266,6 +267,19 @@ pub struct HeldOpen {
     pub bytes: u64,
     pub count: u64,
     pub allocations: Vec<LiveAllocation>,
+    /// `bytes` / the peak's requested bytes. Absent in reports written before it existed.
+    #[serde(default)]
+    pub share_of_peak: f64,
+    /// The same allocations grouped by call site, largest first.
+    #[serde(default)]
+    pub by_call_site: Vec<CallSiteBytes>,
+    /// Bytes by where they came from: `before_window`, `step N`, or a phase name.
+    #[serde(default)]
+    pub by_step: BTreeMap<String, u64>,
+    /// Optimizer state freed by a later optimizer step: re-created every step instead of updated
+    /// in place, so old and new copies are alive together.
+    #[serde(default)]
+    pub reallocated_state_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

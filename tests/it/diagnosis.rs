@@ -283,3 +283,45 @@ fn optimizer_annotations_without_stacks_mark_only_their_ranges() {
         .all(|a| !a.action.contains("8-bit optimizer")));
     assert!(dev.advice[0].action.contains("stacks=\"python\""));
 }
+
+#[test]
+fn held_open_is_what_need_not_be_there_grouped_by_call_site() {
+    // One CS336 training step: the peak is in backward. Everything alive then is not the
+    // answer (11.4 of 11.6 GiB); what need not be there is last step's Adam moments, which
+    // cs336_basics/optimizer.py:73/74 re-creates every step (about 3 GiB, freed only when the
+    // step replaces them).
+    let w = &report_of(
+        "real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle",
+    )
+    .devices[0];
+    let h = &w.held_open;
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    assert!((2.5..3.5).contains(&gib(h.bytes)), "{}", gib(h.bytes));
+    assert!(h.share_of_peak < 0.5);
+    assert_eq!(h.boundary, "step_start");
+    let top: Vec<&str> = h.by_call_site[..2]
+        .iter()
+        .map(|c| c.call_site.as_str())
+        .collect();
+    assert!(
+        top.iter()
+            .all(|s| s.contains("cs336_basics/optimizer.py:7")),
+        "{top:?}"
+    );
+    assert!(gib(h.reallocated_state_bytes) > 2.5);
+    assert!(h.by_step.contains_key("before_window"));
+    assert!(h.allocations.iter().all(|a| a.category != "weights"));
+    // A forward peak of a single step built on weights and gradients only: nothing to release.
+    let m = &report_of("real/MAGMA27__assignment2-systems__memory_snapshot.pickle").devices[0];
+    assert!(
+        m.held_open.share_of_peak < 0.01,
+        "{}",
+        m.held_open.share_of_peak
+    );
+    // Last step's gradients alive in this step's forward (freed later by zero_grad) are named.
+    let n = &report_of("real/notHanmin__assignment2-systems__memory_snapshot.pickle").devices[0];
+    assert!(n.held_open.share_of_peak > 0.1);
+    assert!(n.held_open.by_call_site[0]
+        .call_site
+        .contains("benchmarking_script.py:105"));
+}
