@@ -415,6 +415,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                 });
             });
     }
+    let in_range: Vec<bool> = source_per_event
+        .iter()
+        .map(|&s| s == Source::Annotation)
+        .collect();
     // Metadata and frames say something of each event alone: on every core, with the phase of
     // each stack found once (benign races: two threads may both work it out).
     let stack_phase: Vec<AtomicU8> = (0..interner.stack_count())
@@ -477,6 +481,33 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                 }
             });
         });
+
+    // An annotated run of events that holds evidence of its own (Lightning's forward and
+    // backward inside `Optimizer.step`) is read from that evidence alone: its frees take the
+    // phase around them, not the annotation's.
+    let mut run_start = 0;
+    while run_start < in_range.len() {
+        if !in_range[run_start] {
+            run_start += 1;
+            continue;
+        }
+        let run_end = in_range[run_start..]
+            .iter()
+            .position(|&r| !r)
+            .map_or(in_range.len(), |k| run_start + k);
+        let run = run_start..run_end;
+        if source_per_event[run.clone()]
+            .iter()
+            .any(|&s| s != Source::Annotation)
+        {
+            for i in run {
+                if source_per_event[i] == Source::Annotation {
+                    (per_event[i], source_per_event[i]) = (Phase::Unknown, Source::None);
+                }
+            }
+        }
+        run_start = run_end;
+    }
 
     // Events without evidence (frees, segment events) take the phase of the last evidence
     // before them. An annotation says nothing past its range: after one, they take the next

@@ -325,3 +325,114 @@ fn held_open_is_what_need_not_be_there_grouped_by_call_site() {
         .call_site
         .contains("benchmarking_script.py:105"));
 }
+
+/// A snapshot in its JSON form (the dict `_dump_snapshot` pickles), written to a scratch file.
+fn report_of_json(name: &str, doc: &serde_json::Value) -> FileReport {
+    let dir = std::env::temp_dir().join(format!("snapscan-diagnosis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, serde_json::to_vec(doc).unwrap()).unwrap();
+    let loaded = snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    file_report(&loaded, &ReportOptions::default())
+}
+
+fn frames(stack: &[(&str, &str)]) -> serde_json::Value {
+    stack
+        .iter()
+        .map(|(file, name)| serde_json::json!({"filename": file, "line": 1, "name": name}))
+        .collect()
+}
+
+#[test]
+fn lightning_oom_in_the_forward_inside_optimizer_step_is_forward() {
+    // Lightning's automatic optimization: training_step (forward and backward) runs inside
+    // `optimizer.step(closure)`, inside the `Optimizer.step#Adam.step` annotation.
+    let closure = [
+        (
+            "/venv/site-packages/lightning/pytorch/loops/optimization/automatic.py",
+            "closure",
+        ),
+        ("/venv/site-packages/torch/optim/optimizer.py", "wrapper"),
+        ("/venv/site-packages/torch/optim/adam.py", "step"),
+        (
+            "/venv/site-packages/lightning/pytorch/core/module.py",
+            "optimizer_step",
+        ),
+        (
+            "/venv/site-packages/lightning/pytorch/trainer/trainer.py",
+            "fit",
+        ),
+    ];
+    let forward: Vec<(&str, &str)> = [
+        (
+            "/venv/site-packages/timm/models/vision_transformer.py",
+            "forward",
+        ),
+        (
+            "/venv/site-packages/torch/nn/modules/module.py",
+            "_call_impl",
+        ),
+        ("/home/me/dit.py", "forward"),
+        ("/home/me/model.py", "training_step"),
+    ]
+    .into_iter()
+    .chain(closure)
+    .collect();
+    let adam = frames(&[
+        (
+            "/venv/site-packages/torch/optim/adam.py",
+            "_multi_tensor_adam",
+        ),
+        ("/venv/site-packages/torch/optim/adam.py", "step"),
+        (
+            "/venv/site-packages/lightning/pytorch/core/module.py",
+            "optimizer_step",
+        ),
+    ]);
+    let fwd = frames(&forward);
+    let gib: u64 = 1 << 30;
+    let e = |action: &str, addr: u64, size: u64, t: i64, f: &serde_json::Value| {
+        serde_json::json!({"action": action, "addr": addr, "size": size, "stream": 0,
+                           "time_us": t, "frames": f})
+    };
+    let none = serde_json::json!([]);
+    let trace = vec![
+        e("alloc", 0x1000, gib, 101, &fwd),
+        e("alloc", 0x2000_0000_0, gib, 102, &fwd),
+        e("free_requested", 0x2000_0000_0, gib, 103, &fwd),
+        e("free_completed", 0x2000_0000_0, gib, 103, &fwd),
+        // Backward on autograd's thread: no frames with stacks="python".
+        e("alloc", 0x3000_0000_0, gib / 2, 104, &none),
+        e("free_requested", 0x1000, gib, 105, &fwd),
+        e("free_completed", 0x1000, gib, 105, &fwd),
+        e("alloc", 0x4000_0000_0, gib / 2, 106, &adam),
+        // Step 1: the forward runs out of memory.
+        e("alloc", 0x5000_0000_0, 2 * gib, 201, &fwd),
+        e("oom", 0, 8 * gib, 202, &fwd),
+    ];
+    let annotation = |stage: &str, t: i64| {
+        serde_json::json!({"name": "Optimizer.step#Adam.step", "stage": stage, "device": 0,
+                           "time_us": t})
+    };
+    let doc = serde_json::json!({
+        "segments": [],
+        "device_traces": [trace],
+        "external_annotations": [annotation("START", 100), annotation("END", 107),
+                                 annotation("START", 200)],
+    });
+    let report = report_of_json("lightning.json", &doc);
+    let dev = &report.devices[0];
+    assert_eq!(dev.oom.len(), 1);
+    assert_eq!(dev.oom[0].phase, "forward");
+    assert_eq!(dev.oom[0].phase_confidence, "high");
+    let names: Vec<&str> = dev.phases.iter().map(|p| p.name.name()).collect();
+    assert_eq!(names, ["forward", "backward", "optimizer", "forward"]);
+    let steps: Vec<Option<u32>> = dev.phases.iter().map(|p| p.step).collect();
+    assert_eq!(steps, [Some(0), Some(0), Some(0), Some(1)]);
+    assert!(
+        dev.advice[0].action.contains("batch size"),
+        "{:?}",
+        dev.advice
+    );
+    assert!(dev.advice.iter().all(|a| !a.action.contains("8-bit")));
+}
