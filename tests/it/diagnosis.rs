@@ -398,16 +398,16 @@ fn lightning_oom_in_the_forward_inside_optimizer_step_is_forward() {
     let none = serde_json::json!([]);
     let trace = vec![
         e("alloc", 0x1000, gib, 101, &fwd),
-        e("alloc", 0x2000_0000_0, gib, 102, &fwd),
-        e("free_requested", 0x2000_0000_0, gib, 103, &fwd),
-        e("free_completed", 0x2000_0000_0, gib, 103, &fwd),
+        e("alloc", 0x0002_0000_0000, gib, 102, &fwd),
+        e("free_requested", 0x0002_0000_0000, gib, 103, &fwd),
+        e("free_completed", 0x0002_0000_0000, gib, 103, &fwd),
         // Backward on autograd's thread: no frames with stacks="python".
-        e("alloc", 0x3000_0000_0, gib / 2, 104, &none),
+        e("alloc", 0x0003_0000_0000, gib / 2, 104, &none),
         e("free_requested", 0x1000, gib, 105, &fwd),
         e("free_completed", 0x1000, gib, 105, &fwd),
-        e("alloc", 0x4000_0000_0, gib / 2, 106, &adam),
+        e("alloc", 0x0004_0000_0000, gib / 2, 106, &adam),
         // Step 1: the forward runs out of memory.
-        e("alloc", 0x5000_0000_0, 2 * gib, 201, &fwd),
+        e("alloc", 0x0005_0000_0000, 2 * gib, 201, &fwd),
         e("oom", 0, 8 * gib, 202, &fwd),
     ];
     let annotation = |stage: &str, t: i64| {
