@@ -711,6 +711,15 @@ pub fn main() -> ExitCode {
         }
     };
     crate::progress::enable_from_env(cli.quiet);
+    let code = run_and_write(cli);
+    // For the linear-work test: the work counted by the reader and the analysis.
+    if std::env::var_os("SNAPSCAN_WORK").is_some() {
+        eprintln!("work: {} units", crate::work::units());
+    }
+    code
+}
+
+fn run_and_write(cli: Cli) -> ExitCode {
     match run(cli) {
         Ok(outcome) => {
             let written = match &outcome.target {

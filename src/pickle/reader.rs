@@ -89,6 +89,8 @@ struct Machine<'a> {
     pos: usize,
     /// Offset of the opcode being executed (for error messages).
     op_pos: usize,
+    /// Opcodes stepped (for the work counter).
+    steps: u64,
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Memo,
@@ -101,6 +103,7 @@ impl<'a> Machine<'a> {
             data,
             pos: 0,
             op_pos: 0,
+            steps: 0,
             stack: Vec::new(),
             marks: Vec::new(),
             memo: Memo {
@@ -398,7 +401,9 @@ impl<'a> Machine<'a> {
     }
 
     fn run(mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<Document, PickleError> {
-        self.run_inner(step, progress)?;
+        let r = self.run_inner(step, progress);
+        crate::work::add(self.steps);
+        r?;
         Ok(self.doc)
     }
 
@@ -409,6 +414,7 @@ impl<'a> Machine<'a> {
                 progress(self.pos as u64);
                 next_report = self.pos.saturating_add(step);
             }
+            self.steps += 1;
             self.op_pos = self.pos;
             let code = match self.data.get(self.pos) {
                 Some(&c) => c,
