@@ -89,8 +89,6 @@ struct Machine<'a> {
     pos: usize,
     /// Offset of the opcode being executed (for error messages).
     op_pos: usize,
-    /// Opcodes stepped (for the work counter).
-    steps: u64,
     stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Memo,
@@ -103,7 +101,6 @@ impl<'a> Machine<'a> {
             data,
             pos: 0,
             op_pos: 0,
-            steps: 0,
             stack: Vec::new(),
             marks: Vec::new(),
             memo: Memo {
@@ -402,7 +399,8 @@ impl<'a> Machine<'a> {
 
     fn run(mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<Document, PickleError> {
         let r = self.run_inner(step, progress);
-        crate::work::add(self.steps);
+        // Work in bytes stepped over, as every opcode walk counts it.
+        crate::work::add(self.pos as u64);
         r?;
         Ok(self.doc)
     }
@@ -414,7 +412,6 @@ impl<'a> Machine<'a> {
                 progress(self.pos as u64);
                 next_report = self.pos.saturating_add(step);
             }
-            self.steps += 1;
             self.op_pos = self.pos;
             let code = match self.data.get(self.pos) {
                 Some(&c) => c,

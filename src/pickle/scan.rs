@@ -532,12 +532,10 @@ pub fn memo_sources_in(data: &[u8], start: usize, end: usize) -> Box<[u32]> {
     let mut sources = Vec::new();
     let mut prev = NO_SOURCE;
     let mut pos = start;
-    let mut steps = 0u64;
     while pos < end {
         let Step::Len(n) = op_len(data, pos) else {
             return Box::new([]);
         };
-        steps += 1;
         match data[pos] {
             op::MEMOIZE => sources.push(prev),
             op::FRAME => {}
@@ -545,7 +543,8 @@ pub fn memo_sources_in(data: &[u8], start: usize, end: usize) -> Box<[u32]> {
         }
         pos += n;
     }
-    crate::work::add(steps);
+    // Work in bytes stepped over, as every opcode walk counts it.
+    crate::work::add((end - start) as u64);
     sources.into_boxed_slice()
 }
 

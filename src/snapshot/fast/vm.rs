@@ -1045,18 +1045,21 @@ impl<'a, 'c> Vm<'a, 'c> {
 
     /// Runs the opcodes of `start..end` (chunk mode); `Ok(true)` when STOP was reached.
     pub fn run(&mut self, start: usize, end: usize) -> R<bool> {
-        let mut steps = 0;
-        let r = self.run_counted(start, end, &mut steps);
-        crate::work::add(steps);
+        let r = self.run_opcodes(start, end);
+        // Work in bytes stepped over, the unit of every opcode walk.
+        let stopped_at = match r {
+            Ok(false) => end.min(self.ctx.data.len()),
+            _ => self.op_pos,
+        };
+        crate::work::add(stopped_at.saturating_sub(start) as u64);
         r
     }
 
-    fn run_counted(&mut self, start: usize, end: usize, steps: &mut u64) -> R<bool> {
+    fn run_opcodes(&mut self, start: usize, end: usize) -> R<bool> {
         let data = self.ctx.data;
         let data = &data[..end.min(data.len())];
         let mut pos = start;
         while pos < data.len() {
-            *steps += 1;
             self.op_pos = pos;
             let code = data[pos];
             let n = match scan::op_len(data, pos) {
