@@ -102,7 +102,7 @@ def main():
                                     str(seed), '--scale', str(scale), '--stacks', args.stacks,
                                     '--out', pk, '--truth', tj], check=True,
                                    stdout=subprocess.DEVNULL)
-                    out = subprocess.run([args.snapscan, 'report', '--format', 'json', pk],
+                    out = subprocess.run([args.snapscan, 'report', '--format', 'json', '--full', pk],
                                          check=True, capture_output=True).stdout
                     with open(tj) as f:
                         truth = json.load(f)

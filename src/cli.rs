@@ -78,6 +78,11 @@ pub enum Command {
         /// instead of failing; stderr and the report say what is missing.
         #[arg(long)]
         salvage: bool,
+        /// JSON: every allocation alive at the peak and every segment (default: the 100
+        /// largest allocations and the 100 segments with the most free bytes, plus the sums of
+        /// the rest in `live_at_peak_omitted` / `segments_omitted`).
+        #[arg(long)]
+        full: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -311,6 +316,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             output,
             svg,
             salvage,
+            full,
         } => {
             let mut timer = crate::timing::Timer::new();
             let loaded = load_all_salvage(&files, salvage)?;
@@ -333,7 +339,10 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 None => Vec::new(),
             };
             let mut bytes = match format {
-                Format::Json => crate::render::json(&report),
+                Format::Json if full => crate::render::json(&report),
+                Format::Json => {
+                    crate::render::json(&report.to_json_capped(crate::report::JSON_LIST_LIMIT))
+                }
                 Format::Text => crate::render::report_text::text_styled(
                     &report,
                     &view,

@@ -532,3 +532,92 @@ pub struct MergeReport {
     pub inputs: Vec<String>,
     pub ranks: RankTable,
 }
+
+/// Entries a default JSON report keeps of each long list (`report --full` keeps them all).
+pub const JSON_LIST_LIMIT: usize = 100;
+
+impl Report {
+    /// The report as JSON with its long lists cut to `limit` entries: `live_at_peak` keeps the
+    /// largest allocations (it is sorted largest first), each `segments` list the segments with
+    /// the most free bytes, in their order. What a list left out is summed beside it in
+    /// `live_at_peak_omitted` / `segments_omitted` (absent when nothing was left out), so a
+    /// report of a dump with 40,000 live tensors stays small enough for CI artifacts and `merge`.
+    pub fn to_json_capped(mut self, limit: usize) -> serde_json::Value {
+        let mut omitted = Vec::new();
+        for (f, file) in self.files.iter_mut().enumerate() {
+            for (d, dev) in file.devices.iter_mut().enumerate() {
+                let mut cut = serde_json::Map::new();
+                if dev.live_at_peak.len() > limit {
+                    let rest = dev.live_at_peak.split_off(limit);
+                    cut.insert(
+                        "live_at_peak_omitted".into(),
+                        serde_json::json!({
+                            "count": rest.len(),
+                            "requested_bytes": rest.iter().map(|a| a.requested_bytes).sum::<u64>(),
+                            "block_bytes": rest.iter().map(|a| a.block_bytes).sum::<u64>(),
+                        }),
+                    );
+                }
+                if let Some(o) = cap_segments(&mut dev.segments, limit) {
+                    cut.insert("segments_omitted".into(), o);
+                }
+                let mut oom_cuts = Vec::new();
+                for (k, oom) in dev.oom.iter_mut().enumerate() {
+                    if let Some(o) = cap_segments(&mut oom.segments, limit) {
+                        oom_cuts.push((k, o));
+                    }
+                }
+                omitted.push((f, d, cut, oom_cuts));
+            }
+        }
+        let mut json = serde_json::to_value(&self).unwrap_or(serde_json::Value::Null);
+        for (f, d, cut, oom_cuts) in omitted {
+            let dev = &mut json["files"][f]["devices"][d];
+            if let Some(obj) = dev.as_object_mut() {
+                obj.extend(cut);
+            }
+            for (k, o) in oom_cuts {
+                if let Some(obj) = dev["oom"][k].as_object_mut() {
+                    obj.insert("segments_omitted".into(), o);
+                }
+            }
+        }
+        json
+    }
+}
+
+/// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
+fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<serde_json::Value> {
+    if segments.len() <= limit {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &segments[i];
+        (
+            std::cmp::Reverse(s.free_bytes),
+            std::cmp::Reverse(s.total_bytes),
+            i,
+        )
+    });
+    let mut keep = vec![false; segments.len()];
+    for &i in &order[..limit] {
+        keep[i] = true;
+    }
+    let mut i = 0;
+    let mut rest = Vec::new();
+    segments.retain(|s| {
+        let kept = keep[i];
+        i += 1;
+        if !kept {
+            rest.push((s.total_bytes, s.allocated_bytes, s.free_bytes));
+        }
+        kept
+    });
+    Some(serde_json::json!({
+        "count": rest.len(),
+        "total_bytes": rest.iter().map(|r| r.0).sum::<u64>(),
+        "allocated_bytes": rest.iter().map(|r| r.1).sum::<u64>(),
+        "free_bytes": rest.iter().map(|r| r.2).sum::<u64>(),
+    }))
+}
