@@ -339,9 +339,12 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 None => Vec::new(),
             };
             let mut bytes = match format {
-                Format::Json if full => crate::render::json(&report),
                 Format::Json => {
-                    crate::render::json(&report.to_json_capped(crate::report::JSON_LIST_LIMIT))
+                    let mut report = report;
+                    if !full {
+                        report.cap_lists(crate::report::JSON_LIST_LIMIT);
+                    }
+                    crate::render::json(&report)
                 }
                 Format::Text => crate::render::report_text::text_styled(
                     &report,

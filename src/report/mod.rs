@@ -106,13 +106,20 @@ pub struct DeviceReport {
     pub peak: Peak,
     pub peak_allocated: LevelPeak,
     pub peak_reserved: LevelPeak,
-    /// Every allocation alive at the peak, largest first.
+    /// Every allocation alive at the peak, largest first (JSON reports: the largest
+    /// [`JSON_LIST_LIMIT`] unless `--full`).
     pub live_at_peak: Vec<LiveAllocation>,
+    /// What a capped `live_at_peak` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_at_peak_omitted: Option<OmittedAllocations>,
     pub live_at_peak_by_call_site: Vec<CallSiteBytes>,
     pub held_open: HeldOpen,
     pub oom: Vec<Oom>,
     /// Layout at the peak.
     pub segments: Vec<SegmentReport>,
+    /// What a capped `segments` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments_omitted: Option<OmittedSegments>,
     pub fragmentation_at_peak: Fragmentation,
     pub fragmentation_at_end: Fragmentation,
     /// Phases of the trace: load, forward, backward, optimizer, eval, unknown.
@@ -272,6 +279,9 @@ pub struct Oom {
     pub call_site: Option<String>,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,
+    /// What a capped `segments` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments_omitted: Option<OmittedSegments>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -536,58 +546,49 @@ pub struct MergeReport {
 /// Entries a default JSON report keeps of each long list (`report --full` keeps them all).
 pub const JSON_LIST_LIMIT: usize = 100;
 
+/// What a capped `live_at_peak` left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OmittedAllocations {
+    pub count: u64,
+    pub requested_bytes: u64,
+    pub block_bytes: u64,
+}
+
+/// What a capped `segments` list left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OmittedSegments {
+    pub count: u64,
+    pub total_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+}
+
 impl Report {
-    /// The report as JSON with its long lists cut to `limit` entries: `live_at_peak` keeps the
-    /// largest allocations (it is sorted largest first), each `segments` list the segments with
-    /// the most free bytes, in their order. What a list left out is summed beside it in
-    /// `live_at_peak_omitted` / `segments_omitted` (absent when nothing was left out), so a
-    /// report of a dump with 40,000 live tensors stays small enough for CI artifacts and `merge`.
-    pub fn to_json_capped(mut self, limit: usize) -> serde_json::Value {
-        let mut omitted = Vec::new();
-        for (f, file) in self.files.iter_mut().enumerate() {
-            for (d, dev) in file.devices.iter_mut().enumerate() {
-                let mut cut = serde_json::Map::new();
-                if dev.live_at_peak.len() > limit {
-                    let rest = dev.live_at_peak.split_off(limit);
-                    cut.insert(
-                        "live_at_peak_omitted".into(),
-                        serde_json::json!({
-                            "count": rest.len(),
-                            "requested_bytes": rest.iter().map(|a| a.requested_bytes).sum::<u64>(),
-                            "block_bytes": rest.iter().map(|a| a.block_bytes).sum::<u64>(),
-                        }),
-                    );
-                }
-                if let Some(o) = cap_segments(&mut dev.segments, limit) {
-                    cut.insert("segments_omitted".into(), o);
-                }
-                let mut oom_cuts = Vec::new();
-                for (k, oom) in dev.oom.iter_mut().enumerate() {
-                    if let Some(o) = cap_segments(&mut oom.segments, limit) {
-                        oom_cuts.push((k, o));
-                    }
-                }
-                omitted.push((f, d, cut, oom_cuts));
+    /// Cuts the long lists to `limit` entries: `live_at_peak` keeps the largest allocations (it
+    /// is sorted largest first), each `segments` list the segments with the most free bytes, in
+    /// their order. What a list left out is summed beside it (`live_at_peak_omitted`,
+    /// `segments_omitted`), so the JSON report of a dump with 40,000 live tensors stays small
+    /// enough for CI artifacts and `merge`.
+    pub fn cap_lists(&mut self, limit: usize) {
+        for dev in self.files.iter_mut().flat_map(|f| f.devices.iter_mut()) {
+            if dev.live_at_peak.len() > limit {
+                let rest = dev.live_at_peak.split_off(limit);
+                dev.live_at_peak_omitted = Some(OmittedAllocations {
+                    count: rest.len() as u64,
+                    requested_bytes: rest.iter().map(|a| a.requested_bytes).sum(),
+                    block_bytes: rest.iter().map(|a| a.block_bytes).sum(),
+                });
+            }
+            dev.segments_omitted = cap_segments(&mut dev.segments, limit);
+            for oom in &mut dev.oom {
+                oom.segments_omitted = cap_segments(&mut oom.segments, limit);
             }
         }
-        let mut json = serde_json::to_value(&self).unwrap_or(serde_json::Value::Null);
-        for (f, d, cut, oom_cuts) in omitted {
-            let dev = &mut json["files"][f]["devices"][d];
-            if let Some(obj) = dev.as_object_mut() {
-                obj.extend(cut);
-            }
-            for (k, o) in oom_cuts {
-                if let Some(obj) = dev["oom"][k].as_object_mut() {
-                    obj.insert("segments_omitted".into(), o);
-                }
-            }
-        }
-        json
     }
 }
 
 /// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
-fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<serde_json::Value> {
+fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<OmittedSegments> {
     if segments.len() <= limit {
         return None;
     }
@@ -604,20 +605,18 @@ fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<serde
     for &i in &order[..limit] {
         keep[i] = true;
     }
+    let mut rest = OmittedSegments::default();
     let mut i = 0;
-    let mut rest = Vec::new();
     segments.retain(|s| {
         let kept = keep[i];
         i += 1;
         if !kept {
-            rest.push((s.total_bytes, s.allocated_bytes, s.free_bytes));
+            rest.count += 1;
+            rest.total_bytes += s.total_bytes;
+            rest.allocated_bytes += s.allocated_bytes;
+            rest.free_bytes += s.free_bytes;
         }
         kept
     });
-    Some(serde_json::json!({
-        "count": rest.len(),
-        "total_bytes": rest.iter().map(|r| r.0).sum::<u64>(),
-        "allocated_bytes": rest.iter().map(|r| r.1).sum::<u64>(),
-        "free_bytes": rest.iter().map(|r| r.2).sum::<u64>(),
-    }))
+    Some(rest)
 }

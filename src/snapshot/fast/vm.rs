@@ -253,7 +253,6 @@ impl<'a> Ctx<'a> {
     /// The value stored under memo index `g` when it is a scalar or a string (read back from
     /// the opcode before its MEMOIZE); `Container` for containers.
     pub fn resolve(&self, g: u32) -> Resolved<'a> {
-        crate::work::add(1);
         let Some(k) = self.chunk_of_memo(g) else {
             return Resolved::Unknown;
         };
@@ -279,21 +278,24 @@ impl<'a> Ctx<'a> {
             (Some(b), Some(n)) => b <= g && g - b < n,
             _ => false,
         };
-        if !self.all_known.load(Ordering::Acquire) {
-            // While chunks are still being read, known ones are not a sorted prefix.
-            return (0..self.spans.len()).find(|&k| holds(k));
-        }
+        // Bases grow with the chunk index. While chunks are still being read, the ones not
+        // known yet are mostly those after the reading (whose memo indices are higher than
+        // any fetched one): the search takes them as higher, and a result that does not hold
+        // `g` asks every chunk instead.
+        let all_known = self.all_known.load(Ordering::Acquire);
         let (mut lo, mut hi) = (0, self.spans.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.memo_base(mid).is_some_and(|b| b <= g) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+            match self.memo_base(mid) {
+                Some(b) if b <= g => lo = mid + 1,
+                _ => hi = mid,
             }
         }
-        let k = lo.checked_sub(1)?;
-        holds(k).then_some(k)
+        match lo.checked_sub(1) {
+            Some(k) if holds(k) => Some(k),
+            _ if all_known => None,
+            _ => (0..self.spans.len()).find(|&k| holds(k)),
+        }
     }
 }
 
@@ -456,7 +458,11 @@ impl ExtCache {
             if self.strs.is_empty() {
                 self.strs = vec![Tagged { g: NONE_U32, v: 0 }; EXT_SLOTS];
             }
+            // Strings only in their slot: real dumps fetch a string of their own per entry
+            // (`compile_context`), and keeping each in the map cost more than resolving the
+            // few evicted ones again.
             self.strs[slot_of_memo(g)] = Tagged { g, v: i };
+            return;
         }
         self.all.insert(g, v);
     }
@@ -853,6 +859,8 @@ pub struct Vm<'a, 'c> {
     pub op_pos: usize,
     /// Where [`Vm::ext_frames`] stopped.
     after_frames: usize,
+    /// Memo values looked up in other chunks (for the work counter).
+    lookups: u64,
 }
 
 /// What a chunk hands on once it has run.
@@ -906,6 +914,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             str_action: Vec::new(),
             op_pos: 0,
             after_frames: 0,
+            lookups: 0,
         }
     }
 
@@ -995,6 +1004,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     #[cold]
     #[inline(never)]
     fn deref_slow(&mut self, g: u32) -> R<LVal> {
+        self.lookups += 1;
         let r = match self.ctx.resolve(g) {
             Resolved::Str(s) => LVal::Str(self.a.intern(s)),
             Resolved::Int(i) => LVal::Int(i),
@@ -1051,7 +1061,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             Ok(false) => end.min(self.ctx.data.len()),
             _ => self.op_pos,
         };
-        crate::work::add(stopped_at.saturating_sub(start) as u64);
+        crate::work::add(stopped_at.saturating_sub(start) as u64 + self.lookups);
+        self.lookups = 0;
         r
     }
 
