@@ -142,6 +142,10 @@ for f in "${FILES[@]}"; do
         names+=("$tool-dc" snapscan-report-plain)
         cmds+=("$tool -dc $f >/dev/null" "$SNAPSCAN report --format json $plain")
         ;;
+    *x1100*)
+        # The 4 GB file: its target is the report's time per MB and memory; pickle.load would
+        # take minutes and about 16 GB per run.
+        ;;
     *)
         names+=(snapscan-report-1thread python-pickle-load)
         cmds+=("RAYON_NUM_THREADS=1 $SNAPSCAN report --format json $f" "$LOAD $f")
