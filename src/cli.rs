@@ -285,6 +285,19 @@ fn load_all_salvage(
     files: &[PathBuf],
     salvage: bool,
 ) -> Result<Vec<LoadedSnapshot>, anyhow::Error> {
+    let (loaded, mut unreadable) = load_readable(files, salvage)?;
+    match unreadable.is_empty() {
+        true => Ok(loaded),
+        false => Err(anyhow::anyhow!(unreadable.remove(0).error)),
+    }
+}
+
+/// Every input that can be read, and the others with their errors (each named on stderr), so
+/// that one bad rank does not hide the rest. An error when nothing could be read.
+fn load_readable(
+    files: &[PathBuf],
+    salvage: bool,
+) -> Result<(Vec<LoadedSnapshot>, Vec<crate::report::Unreadable>), anyhow::Error> {
     let files = crate::input::expand_inputs(files)?;
     let opts = snapshot::LoadOptions {
         salvage,
@@ -295,14 +308,28 @@ fn load_all_salvage(
         .map(|f| snapshot::load_with(f, opts))
         .collect();
     let mut loaded = Vec::with_capacity(results.len());
-    for r in results {
-        let l = r?;
-        if let Some(s) = &l.snapshot.salvaged {
-            eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+    let mut unreadable = Vec::new();
+    for (path, r) in files.iter().zip(results) {
+        match r {
+            Ok(l) => {
+                if let Some(s) = &l.snapshot.salvaged {
+                    eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+                }
+                loaded.push(l);
+            }
+            Err(e) if files.len() == 1 => return Err(e.into()),
+            Err(e) => unreadable.push(crate::report::Unreadable {
+                path: crate::input::display_name(path),
+                error: format!("{e:#}"),
+            }),
         }
-        loaded.push(l);
     }
-    Ok(loaded)
+    if loaded.is_empty() {
+        if let Some(u) = unreadable.first() {
+            anyhow::bail!("{}", u.error);
+        }
+    }
+    Ok((loaded, unreadable))
 }
 
 fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
@@ -319,7 +346,10 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             full,
         } => {
             let mut timer = crate::timing::Timer::new();
-            let loaded = load_all_salvage(&files, salvage)?;
+            let (loaded, unreadable) = load_readable(&files, salvage)?;
+            for u in &unreadable {
+                eprintln!("snapscan: error: {}", u.error);
+            }
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
@@ -332,7 +362,14 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 schema_version: SCHEMA_VERSION,
                 files: reports,
                 ranks,
+                unreadable,
             };
+            let unreadable_lines: String = report
+                .unreadable
+                .iter()
+                .map(|u| format!("\nCould not read {}: {}\n", u.path, u.error))
+                .collect();
+            let code = if report.unreadable.is_empty() { 0 } else { 2 };
             let view = crate::render::report_text::View { top, stacks };
             let pictures = match &svg {
                 Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
@@ -367,10 +404,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                     );
                 }
             }
+            if format != Format::Json {
+                bytes.extend(unreadable_lines.bytes());
+            }
             Ok(Outcome {
                 output: bytes,
                 target: output,
-                code: 0,
+                code,
             })
         }
         Command::Timeline {
@@ -452,6 +492,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             output,
         } => {
             let report = analyse(&files, device)?;
+            require_devices(&report, device)?;
             let budgets = crate::report::Budgets {
                 max_peak_bytes: max_peak,
                 max_reserved_bytes: max_reserved,
@@ -648,7 +689,33 @@ fn analyse(files: &[PathBuf], device: Option<i64>) -> Result<crate::report::Repo
         schema_version: SCHEMA_VERSION,
         files: reports,
         ranks: None,
+        unreadable: Vec::new(),
     })
+}
+
+/// A budget check that checked nothing must not pass: every file needs a device analysed.
+fn require_devices(report: &crate::report::Report, device: Option<i64>) -> anyhow::Result<()> {
+    let empty: Vec<String> = report
+        .files
+        .iter()
+        .filter(|f| f.devices.is_empty())
+        .map(|f| match device {
+            Some(d) => format!("{}: no device {d} in this snapshot", f.path),
+            None => format!(
+                "{}: an empty snapshot (no segments, no trace): nothing to check",
+                f.path
+            ),
+        })
+        .collect();
+    if empty.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "nothing was checked for {} of {} files:\n  {}",
+        empty.len(),
+        report.files.len(),
+        empty.join("\n  ")
+    )
 }
 
 fn display_paths(paths: &[PathBuf]) -> String {
@@ -701,6 +768,16 @@ fn file_report_of(
     };
     if let Some(d) = device {
         file.devices.retain(|x| x.device == d);
+    }
+    // A diff of nothing would report "unchanged".
+    if file.devices.is_empty() {
+        match device {
+            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", path.display()),
+            None => anyhow::bail!(
+                "{}: an empty snapshot (no segments, no trace): nothing to compare",
+                path.display()
+            ),
+        }
     }
     Ok(file)
 }

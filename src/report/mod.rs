@@ -84,6 +84,16 @@ pub struct Report {
     pub files: Vec<FileReport>,
     /// Cross-file table when several files (the ranks of one job) were analysed together.
     pub ranks: Option<RankTable>,
+    /// Inputs that could not be read (the others are reported; the exit code is 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// An input `report` could not read, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unreadable {
+    pub path: String,
+    pub error: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@ mod cli;
 mod common;
 mod decode;
 mod diagnosis;
+mod edges;
 mod explain;
 mod hostile;
 mod parallel;
