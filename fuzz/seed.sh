@@ -14,7 +14,7 @@ max_bytes="${SEED_MAX_BYTES:-200000}"
 if [ "${SEED_ALL:-0}" = 1 ]; then max_bytes=1000000000; fi
 
 mkdir -p "$here/corpus/pickle_parse" "$here/corpus/snapshot_report" "$here/corpus/json_report" \
-    "$here/corpus/parallel_reader"
+    "$here/corpus/parallel_reader" "$here/corpus/slow_input"
 
 small_pickles=()
 for f in "$root"/fixtures/real/*.pickle "$root"/fixtures/synth/*.pickle; do
@@ -25,6 +25,7 @@ for f in "${small_pickles[@]}"; do
     cp "$f" "$here/corpus/pickle_parse/"
     cp "$f" "$here/corpus/snapshot_report/"
     cp "$f" "$here/corpus/parallel_reader/"
+    cp "$f" "$here/corpus/slow_input/"
 done
 
 # Hand-made JSON snapshots: one clean, and the shapes the data-quality checks look at.
@@ -109,6 +110,33 @@ for path in sys.argv[4:]:
             pickle.dump(small, f, protocol=4)
 PY
 fi
-for t in pickle_parse snapshot_report json_report parallel_reader; do
+# slow_input: the tiny fixture's trace repeated 2, 4 and 8 times in shifted address ranges,
+# each copy with its own frames lists but the frame dicts of the first (memo references far
+# back, as in a long real dump); the same restricted unpickler.
+if command -v python3 >/dev/null 2>&1; then
+    python3 - "$root/fixtures/synth/tiny.pickle" "$here/corpus/slow_input" <<'PY'
+import io, os, pickle, sys
+
+class Plain(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+src, out = sys.argv[1], sys.argv[2]
+snap = Plain(open(src, "rb")).load()
+trace = snap["device_traces"][0]
+for copies in (2, 4, 8):
+    entries = []
+    for r in range(copies):
+        own = {}
+        for e in trace:
+            e = dict(e, addr=e.get("addr", 0) + (r << 40))
+            if "frames" in e:
+                e["frames"] = own.setdefault(id(e["frames"]), list(e["frames"]))
+            entries.append(e)
+    with open(os.path.join(out, f"tiny-x{copies}.pickle"), "wb") as f:
+        pickle.dump(dict(snap, device_traces=[entries]), f, protocol=4)
+PY
+fi
+for t in pickle_parse snapshot_report json_report parallel_reader slow_input; do
     echo "$t: $(ls "$here/corpus/$t" | wc -l) inputs"
 done

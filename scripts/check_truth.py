@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cross-checks `snapscan report` against the simulator's ground truth on many seeds and scales.
 
-For each scenario × seed × scale it writes a snapshot with scripts/snapgen.py into a temporary
+For each scenario × seed × scale it writes a snapshot with the simulator (../shared/tools/snapgen.py, or $SNAPGEN) into a temporary
 directory, runs `snapscan report --format json` on it, and compares, per device: the peak
 (requested bytes and event), the live set at the peak (address + birth event), reserved peak,
 allocations before the window, every OOM's figures and verdict, the phase of the peak and of each
@@ -19,7 +19,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SNAPGEN = os.path.join(HERE, 'snapgen.py')
+# The simulator is run from the maintainers' shared tools, next to the checkout.
+SNAPGEN = os.environ.get('SNAPGEN', os.path.join(HERE, '..', '..', 'shared', 'tools', 'snapgen.py'))
 SCENARIOS = ['train', 'train-oom', 'fragmented', 'eval-peak', 'load-oom', 'multi-stream',
              'graphs', 'truncated']
 OOM_KEYS = ['event_index', 'requested_bytes', 'device_free_bytes', 'reserved_bytes',
@@ -101,7 +102,7 @@ def main():
                                     str(seed), '--scale', str(scale), '--stacks', args.stacks,
                                     '--out', pk, '--truth', tj], check=True,
                                    stdout=subprocess.DEVNULL)
-                    out = subprocess.run([args.snapscan, 'report', '--format', 'json', pk],
+                    out = subprocess.run([args.snapscan, 'report', '--format', 'json', '--full', pk],
                                          check=True, capture_output=True).stdout
                     with open(tj) as f:
                         truth = json.load(f)

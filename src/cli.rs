@@ -78,6 +78,11 @@ pub enum Command {
         /// instead of failing; stderr and the report say what is missing.
         #[arg(long)]
         salvage: bool,
+        /// JSON: every allocation alive at the peak and every segment (default: the 100
+        /// largest allocations and the 100 segments with the most free bytes, plus the sums of
+        /// the rest in `live_at_peak_omitted` / `segments_omitted`).
+        #[arg(long)]
+        full: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -280,6 +285,19 @@ fn load_all_salvage(
     files: &[PathBuf],
     salvage: bool,
 ) -> Result<Vec<LoadedSnapshot>, anyhow::Error> {
+    let (loaded, mut unreadable) = load_readable(files, salvage)?;
+    match unreadable.is_empty() {
+        true => Ok(loaded),
+        false => Err(anyhow::anyhow!(unreadable.remove(0).error)),
+    }
+}
+
+/// Every input that can be read, and the others with their errors (each named on stderr), so
+/// that one bad rank does not hide the rest. An error when nothing could be read.
+fn load_readable(
+    files: &[PathBuf],
+    salvage: bool,
+) -> Result<(Vec<LoadedSnapshot>, Vec<crate::report::Unreadable>), anyhow::Error> {
     let files = crate::input::expand_inputs(files)?;
     let opts = snapshot::LoadOptions {
         salvage,
@@ -290,14 +308,28 @@ fn load_all_salvage(
         .map(|f| snapshot::load_with(f, opts))
         .collect();
     let mut loaded = Vec::with_capacity(results.len());
-    for r in results {
-        let l = r?;
-        if let Some(s) = &l.snapshot.salvaged {
-            eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+    let mut unreadable = Vec::new();
+    for (path, r) in files.iter().zip(results) {
+        match r {
+            Ok(l) => {
+                if let Some(s) = &l.snapshot.salvaged {
+                    eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+                }
+                loaded.push(l);
+            }
+            Err(e) if files.len() == 1 => return Err(e.into()),
+            Err(e) => unreadable.push(crate::report::Unreadable {
+                path: crate::input::display_name(path),
+                error: format!("{e:#}"),
+            }),
         }
-        loaded.push(l);
     }
-    Ok(loaded)
+    if loaded.is_empty() {
+        if let Some(u) = unreadable.first() {
+            anyhow::bail!("{}", u.error);
+        }
+    }
+    Ok((loaded, unreadable))
 }
 
 fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
@@ -311,9 +343,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             output,
             svg,
             salvage,
+            full,
         } => {
             let mut timer = crate::timing::Timer::new();
-            let loaded = load_all_salvage(&files, salvage)?;
+            let (loaded, unreadable) = load_readable(&files, salvage)?;
+            for u in &unreadable {
+                eprintln!("snapscan: error: {}", u.error);
+            }
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
@@ -326,14 +362,27 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 schema_version: SCHEMA_VERSION,
                 files: reports,
                 ranks,
+                unreadable,
             };
+            let unreadable_lines: String = report
+                .unreadable
+                .iter()
+                .map(|u| format!("\nCould not read {}: {}\n", u.path, u.error))
+                .collect();
+            let code = if report.unreadable.is_empty() { 0 } else { 2 };
             let view = crate::render::report_text::View { top, stacks };
             let pictures = match &svg {
                 Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
                 None => Vec::new(),
             };
             let mut bytes = match format {
-                Format::Json => crate::render::json(&report),
+                Format::Json => {
+                    let mut report = report;
+                    if !full {
+                        report.cap_lists(crate::report::JSON_LIST_LIMIT);
+                    }
+                    crate::render::json(&report)
+                }
                 Format::Text => crate::render::report_text::text_styled(
                     &report,
                     &view,
@@ -355,10 +404,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                     );
                 }
             }
+            if format != Format::Json {
+                bytes.extend(unreadable_lines.bytes());
+            }
             Ok(Outcome {
                 output: bytes,
                 target: output,
-                code: 0,
+                code,
             })
         }
         Command::Timeline {
@@ -440,6 +492,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             output,
         } => {
             let report = analyse(&files, device)?;
+            require_devices(&report, device)?;
             let budgets = crate::report::Budgets {
                 max_peak_bytes: max_peak,
                 max_reserved_bytes: max_reserved,
@@ -636,7 +689,33 @@ fn analyse(files: &[PathBuf], device: Option<i64>) -> Result<crate::report::Repo
         schema_version: SCHEMA_VERSION,
         files: reports,
         ranks: None,
+        unreadable: Vec::new(),
     })
+}
+
+/// A budget check that checked nothing must not pass: every file needs a device analysed.
+fn require_devices(report: &crate::report::Report, device: Option<i64>) -> anyhow::Result<()> {
+    let empty: Vec<String> = report
+        .files
+        .iter()
+        .filter(|f| f.devices.is_empty())
+        .map(|f| match device {
+            Some(d) => format!("{}: no device {d} in this snapshot", f.path),
+            None => format!(
+                "{}: an empty snapshot (no segments, no trace): nothing to check",
+                f.path
+            ),
+        })
+        .collect();
+    if empty.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "nothing was checked for {} of {} files:\n  {}",
+        empty.len(),
+        report.files.len(),
+        empty.join("\n  ")
+    )
 }
 
 fn display_paths(paths: &[PathBuf]) -> String {
@@ -690,6 +769,16 @@ fn file_report_of(
     if let Some(d) = device {
         file.devices.retain(|x| x.device == d);
     }
+    // A diff of nothing would report "unchanged".
+    if file.devices.is_empty() {
+        match device {
+            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", path.display()),
+            None => anyhow::bail!(
+                "{}: an empty snapshot (no segments, no trace): nothing to compare",
+                path.display()
+            ),
+        }
+    }
     Ok(file)
 }
 
@@ -711,6 +800,15 @@ pub fn main() -> ExitCode {
         }
     };
     crate::progress::enable_from_env(cli.quiet);
+    let code = run_and_write(cli);
+    // For the linear-work test: the work counted by the reader and the analysis.
+    if std::env::var_os("SNAPSCAN_WORK").is_some() {
+        eprintln!("work: {} units", crate::work::units());
+    }
+    code
+}
+
+fn run_and_write(cli: Cli) -> ExitCode {
     match run(cli) {
         Ok(outcome) => {
             let written = match &outcome.target {

@@ -367,6 +367,15 @@ pub fn expand_inputs(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
                 .filter(|f| f.is_file() && looks_like_snapshot_name(f))
                 .collect();
             files.sort();
+            // An empty folder is most often a missing artifact: never a silent success.
+            if files.is_empty() {
+                return Err(InputError::Format {
+                    path: display_name(p),
+                    message: "no snapshot in this directory (looked for *.pickle, *.pkl and \
+                              *.json, also .gz or .zst compressed)"
+                        .into(),
+                });
+            }
             out.extend(files);
         } else {
             out.push(p.clone());

@@ -15,3 +15,4 @@ pub mod report;
 pub mod snapshot;
 mod timing;
 pub mod units;
+pub mod work;

@@ -708,6 +708,7 @@ pub fn round_size(requested: u64) -> u64 {
 pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let trace = snapshot.trace(device);
     let n = trace.len();
+    crate::work::add(n as u64);
     let mut allocs = Allocations {
         trace: trace.clone(),
         // At most one per event. Reserved whole: growing a vector this big moves it (mremap)

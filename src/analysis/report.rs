@@ -358,6 +358,7 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
             live_total,
         ),
         segments: layout.iter().map(segment_report).collect(),
+        segments_omitted: None,
     }
 }
 
@@ -721,9 +722,11 @@ fn device_report_with(
             peak_requested,
         ),
         live_at_peak,
+        live_at_peak_omitted: None,
         held_open,
         oom,
         segments: peak_layout.iter().map(segment_report).collect(),
+        segments_omitted: None,
         fragmentation_at_peak: fragmentation(&peak_layout, largest_request),
         fragmentation_at_end: fragmentation(&end_layout, largest_request),
         phases: phases.intervals.clone(),

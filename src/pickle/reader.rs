@@ -398,7 +398,10 @@ impl<'a> Machine<'a> {
     }
 
     fn run(mut self, step: usize, progress: &mut dyn FnMut(u64)) -> Result<Document, PickleError> {
-        self.run_inner(step, progress)?;
+        let r = self.run_inner(step, progress);
+        // Work in bytes stepped over, as every opcode walk counts it.
+        crate::work::add(self.pos as u64);
+        r?;
         Ok(self.doc)
     }
 

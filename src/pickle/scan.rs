@@ -515,30 +515,37 @@ pub fn walk_in_order(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
         .collect()
 }
 
-/// The position of the opcode whose value the `want`-th MEMOIZE of `start..end` stored (`None`
-/// when that is not in the range).
-pub fn memo_source_in(data: &[u8], start: usize, end: usize, want: u32) -> Option<usize> {
-    let data = data.get(..end)?;
-    let mut seen = 0;
-    let mut prev: Option<usize> = None;
+/// A MEMOIZE with no value before it in its range.
+pub const NO_SOURCE: u32 = u32::MAX;
+
+/// For each MEMOIZE of `start..end` in order, the offset from `start` of the opcode whose value
+/// it stored (`NO_SOURCE` when that is not in the range). Empty when the range does not walk
+/// cleanly or is too long for 32-bit offsets: its references are then left unresolved, and the
+/// caller falls back to the sequential reader.
+pub fn memo_sources_in(data: &[u8], start: usize, end: usize) -> Box<[u32]> {
+    let Some(data) = data.get(..end) else {
+        return Box::new([]);
+    };
+    if end - start.min(end) >= NO_SOURCE as usize {
+        return Box::new([]);
+    }
+    let mut sources = Vec::new();
+    let mut prev = NO_SOURCE;
     let mut pos = start;
     while pos < end {
         let Step::Len(n) = op_len(data, pos) else {
-            return None;
+            return Box::new([]);
         };
         match data[pos] {
-            op::MEMOIZE => {
-                if seen == want {
-                    return prev;
-                }
-                seen += 1;
-            }
+            op::MEMOIZE => sources.push(prev),
             op::FRAME => {}
-            _ => prev = Some(pos),
+            _ => prev = (pos - start) as u32,
         }
         pos += n;
     }
-    None
+    // Work in bytes stepped over, as every opcode walk counts it.
+    crate::work::add((end - start) as u64);
+    sources.into_boxed_slice()
 }
 
 #[cfg(test)]

@@ -84,6 +84,16 @@ pub struct Report {
     pub files: Vec<FileReport>,
     /// Cross-file table when several files (the ranks of one job) were analysed together.
     pub ranks: Option<RankTable>,
+    /// Inputs that could not be read (the others are reported; the exit code is 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// An input `report` could not read, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unreadable {
+    pub path: String,
+    pub error: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -106,13 +116,20 @@ pub struct DeviceReport {
     pub peak: Peak,
     pub peak_allocated: LevelPeak,
     pub peak_reserved: LevelPeak,
-    /// Every allocation alive at the peak, largest first.
+    /// Every allocation alive at the peak, largest first (JSON reports: the largest
+    /// [`JSON_LIST_LIMIT`] unless `--full`).
     pub live_at_peak: Vec<LiveAllocation>,
+    /// What a capped `live_at_peak` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_at_peak_omitted: Option<OmittedAllocations>,
     pub live_at_peak_by_call_site: Vec<CallSiteBytes>,
     pub held_open: HeldOpen,
     pub oom: Vec<Oom>,
     /// Layout at the peak.
     pub segments: Vec<SegmentReport>,
+    /// What a capped `segments` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments_omitted: Option<OmittedSegments>,
     pub fragmentation_at_peak: Fragmentation,
     pub fragmentation_at_end: Fragmentation,
     /// Phases of the trace: load, forward, backward, optimizer, eval, unknown.
@@ -308,6 +325,9 @@ pub struct Oom {
     pub call_site: Option<String>,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,
+    /// What a capped `segments` left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments_omitted: Option<OmittedSegments>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -567,4 +587,82 @@ pub struct MergeReport {
     /// The JSON report files that were read.
     pub inputs: Vec<String>,
     pub ranks: RankTable,
+}
+
+/// Entries a default JSON report keeps of each long list (`report --full` keeps them all).
+pub const JSON_LIST_LIMIT: usize = 100;
+
+/// What a capped `live_at_peak` left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OmittedAllocations {
+    pub count: u64,
+    pub requested_bytes: u64,
+    pub block_bytes: u64,
+}
+
+/// What a capped `segments` list left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OmittedSegments {
+    pub count: u64,
+    pub total_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+}
+
+impl Report {
+    /// Cuts the long lists to `limit` entries: `live_at_peak` keeps the largest allocations (it
+    /// is sorted largest first), each `segments` list the segments with the most free bytes, in
+    /// their order. What a list left out is summed beside it (`live_at_peak_omitted`,
+    /// `segments_omitted`), so the JSON report of a dump with 40,000 live tensors stays small
+    /// enough for CI artifacts and `merge`.
+    pub fn cap_lists(&mut self, limit: usize) {
+        for dev in self.files.iter_mut().flat_map(|f| f.devices.iter_mut()) {
+            if dev.live_at_peak.len() > limit {
+                let rest = dev.live_at_peak.split_off(limit);
+                dev.live_at_peak_omitted = Some(OmittedAllocations {
+                    count: rest.len() as u64,
+                    requested_bytes: rest.iter().map(|a| a.requested_bytes).sum(),
+                    block_bytes: rest.iter().map(|a| a.block_bytes).sum(),
+                });
+            }
+            dev.segments_omitted = cap_segments(&mut dev.segments, limit);
+            for oom in &mut dev.oom {
+                oom.segments_omitted = cap_segments(&mut oom.segments, limit);
+            }
+        }
+    }
+}
+
+/// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
+fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<OmittedSegments> {
+    if segments.len() <= limit {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &segments[i];
+        (
+            std::cmp::Reverse(s.free_bytes),
+            std::cmp::Reverse(s.total_bytes),
+            i,
+        )
+    });
+    let mut keep = vec![false; segments.len()];
+    for &i in &order[..limit] {
+        keep[i] = true;
+    }
+    let mut rest = OmittedSegments::default();
+    let mut i = 0;
+    segments.retain(|s| {
+        let kept = keep[i];
+        i += 1;
+        if !kept {
+            rest.count += 1;
+            rest.total_bytes += s.total_bytes;
+            rest.allocated_bytes += s.allocated_bytes;
+            rest.free_bytes += s.free_bytes;
+        }
+        kept
+    });
+    Some(rest)
 }

@@ -170,6 +170,13 @@ impl<'d> Decoder<'d> {
         i64::try_from(i).map_err(|_| schema(path(), format!("int {i} does not fit in 64 bits")))
     }
 
+    /// An int that feeds no figure (a line number, a time): `None` when it does not fit in
+    /// `i64`, never an error. PyTorch writes 2^64 − 1 as the line of C++ frames it could not
+    /// resolve, and Python reads that without complaint.
+    fn lenient_i64(&self, v: Value, path: &dyn Fn() -> String) -> Result<Option<i64>, SchemaError> {
+        Ok(i64::try_from(self.int(v, path)?).ok())
+    }
+
     /// Required unsigned field of a dict.
     fn req_u64(
         &self,
@@ -236,9 +243,10 @@ impl<'d> Decoder<'d> {
             None => self.interner.text("??"),
         };
         let line = match self.get(dict, self.keys.line) {
-            Some(v @ (Value::Int(_) | Value::BigInt(_))) => {
-                self.i64_value(v, &|| format!("{}.line", path()))?
-            }
+            // A line that does not fit is no line, as torch's own 0.
+            Some(v @ (Value::Int(_) | Value::BigInt(_))) => self
+                .lenient_i64(v, &|| format!("{}.line", path()))?
+                .unwrap_or(0),
             Some(Value::None) | None => 0,
             Some(other) => return Err(expected(format!("{}.line", path()), "int", other)),
         };
@@ -482,7 +490,7 @@ impl<'d> Decoder<'d> {
         let device_free = field_u64(self, device_free, "device_free")?;
         let time_us = match time_us {
             None | Some(Value::None) => None,
-            Some(v) => Some(self.i64_value(v, &|| format!("{}.time_us", path()))?),
+            Some(v) => self.lenient_i64(v, &|| format!("{}.time_us", path()))?,
         };
         let size =
             size.ok_or_else(|| schema(format!("{}.size", path()), "missing required key"))?;

@@ -276,6 +276,7 @@ fn json_report_round_trips_through_serde() {
             schema_version: snapscan::report::SCHEMA_VERSION,
             files: vec![report_of(&common::fixture(name))],
             ranks: None,
+            unreadable: Vec::new(),
         };
         let bytes = snapscan::render::json(&report);
         let back: snapscan::report::Report = serde_json::from_slice(&bytes).unwrap();

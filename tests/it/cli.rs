@@ -256,3 +256,81 @@ fn output_file_option_writes_the_report_there() {
     assert!(md.contains("Verdict: FULL"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Default JSON reports stay small (≤ 1 MB for every real fixture): long lists keep 100 entries
+/// and sum the rest beside them; `--full` keeps everything, and the two agree.
+#[test]
+fn default_json_reports_are_capped_and_full_keeps_everything() {
+    let json = |args: &[&str], path: &std::path::Path| -> (usize, serde_json::Value) {
+        let out = common::snapscan()
+            .args(["report", "--format", "json"])
+            .args(args)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        (
+            out.stdout.len(),
+            serde_json::from_slice(&out.stdout).unwrap(),
+        )
+    };
+    let sum = |v: &serde_json::Value, key: &str| -> u64 {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[key].as_u64().unwrap())
+            .sum()
+    };
+    let mut capped_any = 0;
+    for path in common::snapshot_fixtures() {
+        if !common::rel(&path).starts_with("fixtures/real/") {
+            continue;
+        }
+        let (size, small) = json(&[], &path);
+        assert!(size <= 1_000_000, "{}: {size} bytes", path.display());
+        let (_, full) = json(&["--full"], &path);
+        let devices = full["files"][0]["devices"].as_array().unwrap();
+        for (d, dev) in devices.iter().enumerate() {
+            let cut = &small["files"][0]["devices"][d];
+            let all = dev["live_at_peak"].as_array().unwrap();
+            let kept = cut["live_at_peak"].as_array().unwrap();
+            assert_eq!(kept[..], all[..all.len().min(100)], "{}", path.display());
+            if all.len() > 100 {
+                capped_any += 1;
+                let o = &cut["live_at_peak_omitted"];
+                assert_eq!(o["count"].as_u64().unwrap() as usize, all.len() - 100);
+                assert_eq!(
+                    sum(&cut["live_at_peak"], "requested_bytes")
+                        + o["requested_bytes"].as_u64().unwrap(),
+                    sum(&dev["live_at_peak"], "requested_bytes")
+                );
+            } else {
+                assert!(cut["live_at_peak_omitted"].is_null());
+            }
+            let segs = dev["segments"].as_array().unwrap();
+            let kept = cut["segments"].as_array().unwrap();
+            assert!(kept.iter().all(|s| segs.contains(s)));
+            if segs.len() > 100 {
+                let o = &cut["segments_omitted"];
+                assert_eq!(kept.len(), 100);
+                assert_eq!(o["count"].as_u64().unwrap() as usize, segs.len() - 100);
+                assert_eq!(
+                    sum(&cut["segments"], "free_bytes") + o["free_bytes"].as_u64().unwrap(),
+                    sum(&dev["segments"], "free_bytes")
+                );
+                // The kept ones have the most free bytes.
+                let least_kept = kept.iter().map(|s| s["free_bytes"].as_u64().unwrap()).min();
+                let dropped_max = segs
+                    .iter()
+                    .filter(|s| !kept.contains(s))
+                    .map(|s| s["free_bytes"].as_u64().unwrap())
+                    .max();
+                assert!(dropped_max <= least_kept);
+            }
+        }
+    }
+    assert!(
+        capped_any > 0,
+        "no real fixture has more than 100 live allocations"
+    );
+}

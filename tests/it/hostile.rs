@@ -777,6 +777,7 @@ fn report_of(name: &str, bytes: &[u8]) -> Option<FileReport> {
                 schema_version: snapscan::report::SCHEMA_VERSION,
                 files: vec![report.clone()],
                 ranks: None,
+                unreadable: Vec::new(),
             };
             let view = snapscan::render::report_text::View {
                 top: 5,

@@ -271,3 +271,27 @@ fn two_threads_read_the_same_wherever_they_meet() {
         }
     }
 }
+
+/// PyTorch writes 2^64 − 1 (a 9-byte LONG1, outside int64) as the line of C++ frames its unwinder
+/// could not resolve. Both readers take the file and read those lines as 0, no line: the same
+/// snapshot as the source fixture, whose C++ frames have line 0.
+#[test]
+fn unresolved_cpp_frame_lines_are_read_as_no_line() {
+    let odd = read(&common::fixture("synth/stacks-all-unresolved-lines.pickle"));
+    let src = read(&common::fixture("synth/truncated-stacks-all.pickle"));
+    let long1_max = [0x8a, 9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0];
+    assert!(
+        odd.windows(long1_max.len()).any(|w| w == long1_max),
+        "the fixture holds 2^64 - 1 as LONG1"
+    );
+    let want = canonical(&snapshot::load_bytes_sequential("src", &src).expect("source reads"));
+    let seq = snapshot::load_bytes_sequential("odd", &odd).expect("sequential reader takes it");
+    assert_eq!(canonical(&seq), want);
+    let par = snapshot::load_bytes_parallel(&odd).expect("parallel reader takes it");
+    assert_eq!(canonical(&par), want);
+    common::snapscan()
+        .args(["report", "--format", "json"])
+        .arg(common::fixture("synth/stacks-all-unresolved-lines.pickle"))
+        .assert()
+        .success();
+}

@@ -394,6 +394,7 @@ fn run_stitch<'a>(
             release(c.start, c.end);
         }
         let mut copier = Copier::new(&out.a, false);
+        crate::work::add(out.macros.len() as u64);
         for m in &out.macros {
             match *m {
                 Macro::Push(v) => {
@@ -669,6 +670,11 @@ fn finish<'a>(
         .collect::<R<Vec<()>>>()?;
     parts.push(stitch_part);
     let parts: Vec<Arc<Part>> = parts.into_iter().map(Arc::new).collect();
+    // In chunk order, so sorted by memo index.
+    let ext_tuples: Vec<(u32, Box<[Resolved<'a>]>)> = outs
+        .iter_mut()
+        .flat_map(|o| std::mem::take(&mut o.tuples))
+        .collect();
     drop(outs);
     t.lap("remap");
 
@@ -680,6 +686,8 @@ fn finish<'a>(
         lists: FxHashMap::default(),
         dicts: FxHashMap::default(),
         tuples: FxHashMap::default(),
+        ext_tuples: &ext_tuples,
+        ext_tuple_ids: FxHashMap::default(),
         traces: FxHashMap::default(),
     };
     let root = conv.value(root, 0)?;
@@ -711,6 +719,9 @@ struct ToDoc<'x, 'a, 'c> {
     lists: FxHashMap<u32, SeqId>,
     dicts: FxHashMap<u32, DictId>,
     tuples: FxHashMap<u32, SeqId>,
+    /// Tuples of scalars in the chunks' memos, and their ids once converted (by memo index).
+    ext_tuples: &'x [(u32, Box<[Resolved<'a>]>)],
+    ext_tuple_ids: FxHashMap<u32, SeqId>,
     traces: FxHashMap<SeqId, Trace>,
 }
 
@@ -721,6 +732,40 @@ impl ToDoc<'_, '_, '_> {
         let id = u32::try_from(self.doc.seqs.len()).map_err(|_| Unsupported)?;
         self.doc.seqs.push(Vec::new());
         Ok(SeqId(id))
+    }
+
+    fn scalar(&mut self, r: Resolved<'_>) -> R<Value> {
+        Ok(match r {
+            Resolved::Str(s) => Value::Str(self.doc.strings.intern(s)),
+            Resolved::Int(i) => Value::Int(i),
+            Resolved::Big(b) => {
+                self.doc.big_ints.push(b);
+                Value::BigInt(self.doc.big_ints.len() as u32 - 1)
+            }
+            Resolved::Float(f) => Value::Float(f),
+            Resolved::None => Value::None,
+            Resolved::Bool(b) => Value::Bool(b),
+            // A container consumed inside its chunk (a frames list or a record).
+            Resolved::Container | Resolved::Unknown => return Err(Unsupported),
+        })
+    }
+
+    /// A tuple of scalars stored under memo index `g` by a chunk, one sequence however often
+    /// it is fetched.
+    fn ext_tuple(&mut self, g: u32) -> R<Value> {
+        if let Some(&id) = self.ext_tuple_ids.get(&g) {
+            return Ok(Value::Tuple(id));
+        }
+        let tuples = self.ext_tuples;
+        let k = tuples
+            .binary_search_by_key(&g, |(m, _)| *m)
+            .map_err(|_| Unsupported)?;
+        let items = tuples[k].1.iter().map(|&r| self.scalar(r));
+        let items = items.collect::<R<Vec<Value>>>()?;
+        let id = self.new_seq()?;
+        self.doc.seqs[id.0 as usize] = items;
+        self.ext_tuple_ids.insert(g, id);
+        Ok(Value::Tuple(id))
     }
 
     fn value(&mut self, v: LVal, depth: usize) -> R<Value> {
@@ -746,17 +791,8 @@ impl ToDoc<'_, '_, '_> {
                 Some(LVal::Ext(h)) if h == g => return Err(Unsupported),
                 Some(inner) => self.value(inner, depth + 1)?,
                 None => match self.ctx.resolve(g) {
-                    Resolved::Str(s) => Value::Str(self.doc.strings.intern(s)),
-                    Resolved::Int(i) => Value::Int(i),
-                    Resolved::Big(b) => {
-                        self.doc.big_ints.push(b);
-                        Value::BigInt(self.doc.big_ints.len() as u32 - 1)
-                    }
-                    Resolved::Float(f) => Value::Float(f),
-                    Resolved::None => Value::None,
-                    Resolved::Bool(b) => Value::Bool(b),
-                    // A container consumed inside its chunk (a frames list or a record).
-                    Resolved::Container | Resolved::Unknown => return Err(Unsupported),
+                    Resolved::Container => self.ext_tuple(g)?,
+                    r => self.scalar(r)?,
                 },
             },
             LVal::List(l) => {

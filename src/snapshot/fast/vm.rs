@@ -11,7 +11,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::OnceLock;
 
 use rustc_hash::FxHashMap;
 
@@ -177,7 +177,11 @@ pub struct Ctx<'a> {
     /// Positions of the FRAME headers between frames, in order.
     pub frame_headers: Vec<usize>,
     release: &'a (dyn Fn(usize, usize) + Sync),
-    resolved: Mutex<FxHashMap<u32, Resolved<'a>>>,
+    /// Per chunk, built the first time a later chunk needs one of its memo values: where the
+    /// value of each of its MEMOIZEs was written. One walk of the chunk, then every reference
+    /// into it is answered in O(1) (walking the chunk per reference made work grow with
+    /// references × chunk size on real dumps, whose frame dicts are shared file-wide).
+    sources: Vec<OnceLock<Box<[u32]>>>,
 }
 
 /// A chunk's memo counts not known yet.
@@ -205,7 +209,7 @@ impl<'a> Ctx<'a> {
             all_known: AtomicBool::new(all_known),
             frame_headers,
             release,
-            resolved: Mutex::new(FxHashMap::default()),
+            sources: chunks.iter().map(|_| OnceLock::new()).collect(),
         }
     }
 
@@ -249,28 +253,23 @@ impl<'a> Ctx<'a> {
     /// The value stored under memo index `g` when it is a scalar or a string (read back from
     /// the opcode before its MEMOIZE); `Container` for containers.
     pub fn resolve(&self, g: u32) -> Resolved<'a> {
-        if let Ok(map) = self.resolved.lock() {
-            if let Some(r) = map.get(&g) {
-                return *r;
-            }
-        }
-        let r = match self.chunk_of_memo(g) {
-            Some(k) => {
-                let c = &self.spans[k];
-                let want = g - self.memo_base(k).unwrap_or(g);
-                let r = match scan::memo_source_in(self.data, c.start, c.end, want) {
-                    Some(pos) => decode_scalar(self.data, pos),
-                    None => Resolved::Unknown,
-                };
-                (self.release)(c.start, c.end);
-                r
-            }
-            None => Resolved::Unknown,
+        let Some(k) = self.chunk_of_memo(g) else {
+            return Resolved::Unknown;
         };
-        if let Ok(mut map) = self.resolved.lock() {
-            map.insert(g, r);
+        let (Some(c), Some(base)) = (self.spans.get(k), self.memo_base(k)) else {
+            return Resolved::Unknown;
+        };
+        let sources = self.sources[k].get_or_init(|| {
+            let found = scan::memo_sources_in(self.data, c.start, c.end);
+            (self.release)(c.start, c.end);
+            found
+        });
+        match sources.get((g - base) as usize) {
+            Some(&rel) if rel != scan::NO_SOURCE => {
+                decode_scalar(self.data, c.start + rel as usize)
+            }
+            _ => Resolved::Unknown,
         }
-        r
     }
 
     /// Index of the chunk whose MEMOIZEs assign memo index `g`.
@@ -279,21 +278,24 @@ impl<'a> Ctx<'a> {
             (Some(b), Some(n)) => b <= g && g - b < n,
             _ => false,
         };
-        if !self.all_known.load(Ordering::Acquire) {
-            // While chunks are still being read, known ones are not a sorted prefix.
-            return (0..self.spans.len()).find(|&k| holds(k));
-        }
+        // Bases grow with the chunk index. While chunks are still being read, the ones not
+        // known yet are mostly those after the reading (whose memo indices are higher than
+        // any fetched one): the search takes them as higher, and a result that does not hold
+        // `g` asks every chunk instead.
+        let all_known = self.all_known.load(Ordering::Acquire);
         let (mut lo, mut hi) = (0, self.spans.len());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if self.memo_base(mid).is_some_and(|b| b <= g) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
+            match self.memo_base(mid) {
+                Some(b) if b <= g => lo = mid + 1,
+                _ => hi = mid,
             }
         }
-        let k = lo.checked_sub(1)?;
-        holds(k).then_some(k)
+        match lo.checked_sub(1) {
+            Some(k) if holds(k) => Some(k),
+            _ if all_known => None,
+            _ => (0..self.spans.len()).find(|&k| holds(k)),
+        }
     }
 }
 
@@ -411,52 +413,71 @@ fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
     }
 }
 
-/// Memo indices below this use a dense cache of resolved values.
-const DENSE_EXT: usize = 4096;
+/// Slots of the direct-mapped caches of other chunks' memo values (a power of two). Memo
+/// indices of the hot values (dict keys, action names, frame dicts) can be anywhere: in real
+/// dumps the trace's keys come after every segment's values, millions of indices in.
+const EXT_SLOTS: usize = 1 << 14;
 
-/// Local view of other chunks' memo values (resolved once per machine).
+/// A direct-mapped slot: the memo index it holds (`NONE_U32`: none) and its value.
+#[derive(Clone, Copy)]
+struct Tagged<T: Copy> {
+    g: u32,
+    v: T,
+}
+
+/// Local view of other chunks' memo values (resolved once per machine): direct-mapped slots in
+/// front of a map that keeps every value, so a slot taken by another index costs a lookup.
 #[derive(Default)]
 struct ExtCache {
-    /// Strings (the common case: dict keys, action names) as `index + 1`; 0 = not known.
-    strs: Vec<u32>,
-    /// The field a string used as a dict key names, as `field + 1`; 0 = not known.
-    fields: Vec<u8>,
-    dense: Vec<Option<LVal>>,
-    sparse: FxHashMap<u32, LVal>,
+    /// Strings (the common case: dict keys, action names) by index into `a.strs`.
+    strs: Vec<Tagged<u32>>,
+    /// The field a string used as a dict key names.
+    fields: Vec<Tagged<u8>>,
+    all: FxHashMap<u32, LVal>,
+}
+
+#[inline(always)]
+fn slot_of_memo(g: u32) -> usize {
+    g as usize & (EXT_SLOTS - 1)
 }
 
 impl ExtCache {
     #[inline(always)]
     fn get(&self, g: u32) -> Option<LVal> {
         // Built in registers: copying a 16-byte enum through memory stalls here.
-        if let Some(&i) = self.strs.get(g as usize) {
-            if i != 0 {
-                return Some(LVal::Str(i - 1));
+        if let Some(t) = self.strs.get(slot_of_memo(g)) {
+            if t.g == g {
+                return Some(LVal::Str(t.v));
             }
         }
-        match self.dense.get(g as usize) {
-            Some(v) => *v,
-            None => self.sparse.get(&g).copied(),
-        }
+        self.all.get(&g).copied()
     }
 
     fn put(&mut self, g: u32, v: LVal) {
         if let LVal::Str(i) = v {
-            if (g as usize) < DENSE_EXT {
-                if self.strs.len() <= g as usize {
-                    self.strs.resize(g as usize + 1, 0);
-                }
-                self.strs[g as usize] = i + 1;
+            if self.strs.is_empty() {
+                self.strs = vec![Tagged { g: NONE_U32, v: 0 }; EXT_SLOTS];
             }
+            // Strings only in their slot: real dumps fetch a string of their own per entry
+            // (`compile_context`), and keeping each in the map cost more than resolving the
+            // few evicted ones again.
+            self.strs[slot_of_memo(g)] = Tagged { g, v: i };
+            return;
         }
-        if (g as usize) < DENSE_EXT {
-            if self.dense.len() <= g as usize {
-                self.dense.resize(g as usize + 1, None);
-            }
-            self.dense[g as usize] = Some(v);
-        } else {
-            self.sparse.insert(g, v);
+        self.all.insert(g, v);
+    }
+
+    #[inline(always)]
+    fn field(&self, g: u32) -> Option<u8> {
+        let t = self.fields.get(slot_of_memo(g))?;
+        (t.g == g).then_some(t.v)
+    }
+
+    fn put_field(&mut self, g: u32, f: u8) {
+        if self.fields.is_empty() {
+            self.fields = vec![Tagged { g: NONE_U32, v: 0 }; EXT_SLOTS];
         }
+        self.fields[slot_of_memo(g)] = Tagged { g, v: f };
     }
 }
 
@@ -838,6 +859,8 @@ pub struct Vm<'a, 'c> {
     pub op_pos: usize,
     /// Where [`Vm::ext_frames`] stopped.
     after_frames: usize,
+    /// Memo values looked up in other chunks (for the work counter).
+    lookups: u64,
 }
 
 /// What a chunk hands on once it has run.
@@ -852,6 +875,9 @@ pub struct ChunkOut<'a> {
     pub memo_lists: Vec<(u32, u32)>,
     /// Bit `i`: memo index `memo_base + i` is an empty frames list.
     pub empty_lists: Vec<u64>,
+    /// Memoized tuples of scalars (memo index, items), sorted: later chunks may fetch them
+    /// (torch's dumps share one `segment_pool_id` tuple between segments).
+    pub tuples: Vec<(u32, Box<[Resolved<'a>]>)>,
     /// Frame dicts captured here: (memo index, frame), sorted.
     pub frames: Vec<(u32, FrameC)>,
     /// How many memo indices the chunk's MEMOIZEs assigned.
@@ -888,6 +914,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             str_action: Vec::new(),
             op_pos: 0,
             after_frames: 0,
+            lookups: 0,
         }
     }
 
@@ -977,6 +1004,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     #[cold]
     #[inline(never)]
     fn deref_slow(&mut self, g: u32) -> R<LVal> {
+        self.lookups += 1;
         let r = match self.ctx.resolve(g) {
             Resolved::Str(s) => LVal::Str(self.a.intern(s)),
             Resolved::Int(i) => LVal::Int(i),
@@ -998,13 +1026,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             LVal::Ext(g) => match self.deref(key)? {
                 LVal::Str(i) => {
                     let f = self.a.str_field[i as usize];
-                    let fields = &mut self.ext.fields;
-                    if (g as usize) < DENSE_EXT {
-                        if fields.len() <= g as usize {
-                            fields.resize(g as usize + 1, 0);
-                        }
-                        fields[g as usize] = f + 1;
-                    }
+                    self.ext.put_field(g, f);
                     f
                 }
                 _ => F_NOT_STR,
@@ -1021,10 +1043,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         if self.mode != Mode::Chunk || g >= self.memo_base {
             return None;
         }
-        match self.ext.fields.get(g as usize) {
-            Some(&f) if f != 0 => Some((f - 1, np)),
-            _ => None,
-        }
+        self.ext.field(g).map(|f| (f, np))
     }
 
     // ----- running opcodes -----
@@ -1036,6 +1055,18 @@ impl<'a, 'c> Vm<'a, 'c> {
 
     /// Runs the opcodes of `start..end` (chunk mode); `Ok(true)` when STOP was reached.
     pub fn run(&mut self, start: usize, end: usize) -> R<bool> {
+        let r = self.run_opcodes(start, end);
+        // Work in bytes stepped over, the unit of every opcode walk.
+        let stopped_at = match r {
+            Ok(false) => end.min(self.ctx.data.len()),
+            _ => self.op_pos,
+        };
+        crate::work::add(stopped_at.saturating_sub(start) as u64 + self.lookups);
+        self.lookups = 0;
+        r
+    }
+
+    fn run_opcodes(&mut self, start: usize, end: usize) -> R<bool> {
         let data = self.ctx.data;
         let data = &data[..end.min(data.len())];
         let mut pos = start;
@@ -1684,6 +1715,8 @@ impl<'a, 'c> Vm<'a, 'c> {
         let time_us = match f[F_TIME as usize].map(|v| self.deref(v)).transpose()? {
             None | Some(LVal::None) => None,
             Some(LVal::Int(t)) => Some(t),
+            // Outside i64: an unknown time (as the sequential decoder reads it).
+            Some(LVal::Big(_)) => None,
             Some(_) => return Err(Unsupported),
         };
         let addr = match (addr, action) {
@@ -1848,6 +1881,8 @@ impl<'a, 'c> Vm<'a, 'c> {
         let line = match line.map(|v| self.deref(v)).transpose()? {
             None | Some(LVal::None) => 0,
             Some(LVal::Int(i)) => i,
+            // A line outside i64 (torch's 2^64 - 1 for unresolved C++ frames) is no line.
+            Some(LVal::Big(_)) => 0,
             Some(_) => return Err(Unsupported),
         };
         Ok(FrameC {
@@ -1956,8 +1991,14 @@ impl<'a, 'c> Vm<'a, 'c> {
         }
         drop(copier);
         let mut memo_lists = Vec::new();
+        let mut tuples = Vec::new();
         let mut empty_lists = vec![0u64; self.memo.len().div_ceil(64)];
         for (i, v) in self.memo.iter().enumerate() {
+            if let LVal::Tuple(t) = v {
+                if let Some(items) = self.scalar_items(&from, *t) {
+                    tuples.push((self.memo_base + i as u32, items));
+                }
+            }
             if let LVal::List(l) = v {
                 let s = from.lists[*l as usize];
                 if s.stack != NONE_U32 && s.memo == self.memo_base + i as u32 {
@@ -1983,12 +2024,41 @@ impl<'a, 'c> Vm<'a, 'c> {
             slots: self.slots,
             memo_lists,
             empty_lists,
+            tuples,
             frames,
             memos,
             stopped,
         })
     }
+
+    /// The items of tuple `t` of arena `a` when all are scalars or strings (a segment's
+    /// `segment_pool_id`, shared by all segments of a pool).
+    fn scalar_items(&self, a: &Arena<'a>, t: u32) -> Option<Box<[Resolved<'a>]>> {
+        let items = a.tuple_items(t);
+        if items.len() > MAX_SHARED_TUPLE {
+            return None;
+        }
+        let scalar = |v: &LVal| -> Option<Resolved<'a>> {
+            Some(match *v {
+                LVal::None => Resolved::None,
+                LVal::Bool(b) => Resolved::Bool(b),
+                LVal::Int(i) => Resolved::Int(i),
+                LVal::Big(b) => Resolved::Big(*a.bigs.get(b as usize)?),
+                LVal::Float(f) => Resolved::Float(f),
+                LVal::Str(i) => Resolved::Str(a.strs.get(i as usize)?),
+                LVal::Ext(g) => match self.ctx.resolve(g) {
+                    Resolved::Container | Resolved::Unknown => return None,
+                    r => r,
+                },
+                _ => return None,
+            })
+        };
+        items.iter().map(scalar).collect()
+    }
 }
+
+/// Longest tuple of scalars that later chunks may fetch from a chunk's memo.
+const MAX_SHARED_TUPLE: usize = 8;
 
 impl StackView for Vm<'_, '_> {
     fn key(&self, i: usize) -> Option<String> {

@@ -1,0 +1,135 @@
+//! The edges a CI pipeline meets: checks and diffs that would check nothing, empty folders, and
+//! one unreadable file among several.
+
+use predicates::prelude::*;
+
+use crate::common::{self, snapscan};
+
+const TRAIN: &str = "fixtures/synth/train.pickle";
+const LOAD_OOM: &str = "fixtures/synth/load-oom.pickle";
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("snapscan-edges-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// `{"segments": [], "device_traces": []}` as CPython's pickler writes it.
+const EMPTY_SNAPSHOT: &[u8] = b"\x80\x04\x95\x24\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94u.";
+
+#[test]
+fn check_and_diff_that_check_nothing_exit_2_and_say_why() {
+    let dir = temp_dir("nothing");
+    let empty = dir.join("empty.pickle");
+    std::fs::write(&empty, EMPTY_SNAPSHOT).unwrap();
+    let empty_dir = dir.join("artifacts");
+    std::fs::create_dir_all(&empty_dir).unwrap();
+    let root = common::root();
+    let cases: [(Vec<&std::ffi::OsStr>, &str); 4] = [
+        (
+            vec![
+                "check".as_ref(),
+                "--device".as_ref(),
+                "7".as_ref(),
+                "--max-peak".as_ref(),
+                "1GiB".as_ref(),
+                "--fail-on-oom".as_ref(),
+                TRAIN.as_ref(),
+            ],
+            "no device 7",
+        ),
+        (
+            vec![
+                "check".as_ref(),
+                "--max-peak".as_ref(),
+                "1GiB".as_ref(),
+                empty_dir.as_os_str(),
+            ],
+            "no snapshot in this directory",
+        ),
+        (
+            vec![
+                "check".as_ref(),
+                "--max-peak".as_ref(),
+                "1GiB".as_ref(),
+                empty.as_os_str(),
+            ],
+            "an empty snapshot",
+        ),
+        (
+            vec![
+                "diff".as_ref(),
+                "--device".as_ref(),
+                "3".as_ref(),
+                TRAIN.as_ref(),
+                TRAIN.as_ref(),
+            ],
+            "no device 3",
+        ),
+    ];
+    for (args, why) in cases {
+        snapscan()
+            .current_dir(&root)
+            .args(&args)
+            .assert()
+            .code(2)
+            .stdout(predicate::str::is_empty())
+            .stderr(predicate::str::contains(why));
+    }
+    // A folder with no snapshot is an error for report too; a valid empty snapshot is not.
+    snapscan()
+        .arg("report")
+        .arg(&empty_dir)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no snapshot in this directory"));
+    snapscan()
+        .arg("report")
+        .arg(&empty)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("nothing to report"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_unreadable_file_does_not_hide_the_others() {
+    let dir = temp_dir("unreadable");
+    let cut = dir.join("rank1.pickle");
+    let whole = std::fs::read(common::fixture("synth/truncated.pickle")).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let root = common::root();
+    let out = snapscan()
+        .current_dir(&root)
+        .args(["report", LOAD_OOM])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        stdout.contains("OUT OF MEMORY"),
+        "the readable file is reported: {stdout}"
+    );
+    assert!(stdout.contains("Could not read") && stdout.contains("rank1.pickle"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rank1.pickle"));
+
+    let out = snapscan()
+        .current_dir(&root)
+        .args(["report", "--format", "json", LOAD_OOM])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["files"].as_array().unwrap().len(), 1);
+    assert_eq!(v["files"][0]["path"], LOAD_OOM);
+    let bad = &v["unreadable"][0];
+    assert!(bad["path"].as_str().unwrap().ends_with("rank1.pickle"));
+    assert!(bad["error"].as_str().unwrap().contains("truncated"));
+
+    // Alone, the same file is an error as before.
+    snapscan().arg("report").arg(&cut).assert().code(2);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,60 @@
+//! Work grows linearly with the input, whatever its memo structure: the work the reader and the
+//! analysis count (opcodes stepped, memo values looked up across chunks, events replayed; see
+//! `snapscan::work`) per input byte stays within 1.5x across 1, 2 and 8 copies of a real trace.
+//! Counted, not timed: timings are too noisy to judge this, counts are exact.
+
+use crate::common;
+use crate::replica;
+
+fn work_units(path: &std::path::Path) -> u64 {
+    let out = common::snapscan()
+        .env("SNAPSCAN_WORK", "1")
+        .args(["report", "--format", "json"])
+        .arg(path)
+        .output()
+        .expect("snapscan runs");
+    assert!(out.status.success(), "report of {} failed", path.display());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("work: ")?
+                .strip_suffix(" units")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no work line in {stderr:?}"))
+}
+
+#[test]
+fn work_per_byte_does_not_grow_with_copies_of_a_real_trace() {
+    let dir = tempfile_dir();
+    for fixture in [
+        "real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+        "real/ZidongLiu__DeComFL__memory.pickle",
+        "real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle",
+    ] {
+        let src = std::fs::read(common::fixture(fixture)).expect("fixture");
+        let mut per_byte = Vec::new();
+        for reps in [1, 2, 8] {
+            let bytes = replica::replicate(&src, reps);
+            let path = dir.join(format!("x{reps}.pickle"));
+            std::fs::write(&path, &bytes).expect("write replica");
+            let units = work_units(&path);
+            per_byte.push((reps, bytes.len(), units as f64 / bytes.len() as f64));
+        }
+        let lo = per_byte.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
+        let hi = per_byte.iter().map(|p| p.2).fold(0.0, f64::max);
+        eprintln!("{fixture}: (copies, bytes, units per byte) {per_byte:?}");
+        assert!(
+            hi <= 1.5 * lo,
+            "{fixture}: work per byte grows with the copies: {per_byte:?}"
+        );
+    }
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("snapscan-work-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
