@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::phase::{phase_from_frames, Phase, Phases, Source};
+use super::phase::{PerStack, Phase, Phases, Source};
 use super::replay::{Allocation, Origin};
 use crate::snapshot::Interner;
 
@@ -73,6 +73,8 @@ pub struct Categorizer<'a> {
     /// The device has a trace: memory history was being recorded, so a block without a stack
     /// predates the recording.
     pub recorded: bool,
+    /// [`category_from_frames`] of each stack, once looked at.
+    pub stack_categories: PerStack,
 }
 
 impl Categorizer<'_> {
@@ -98,7 +100,12 @@ impl Categorizer<'_> {
     pub fn categorize(&self, a: &Allocation) -> (Category, Confidence) {
         // What the allocating code is, when its frames say so, beats the phase.
         if a.origin != Origin::FreedInWindow {
-            if let Some(c) = category_from_frames(self.interner, a.stack) {
+            let of_stack = || {
+                category_from_frames(self.interner, a.stack)
+                    .map(|c| Category::ALL.iter().position(|&x| x == c).unwrap_or(0) as u8)
+            };
+            let known = self.stack_categories.get(a.stack, of_stack);
+            if let Some(c) = known.map(|k| Category::ALL[k as usize]) {
                 return (c, Confidence::High);
             }
         }
@@ -143,7 +150,7 @@ impl Categorizer<'_> {
         // The recorded stack: the allocation's own for blocks still allocated at the dump, the
         // free's (or a copy of the allocation's) for those freed in the window.
         if a.origin == Origin::Ghost {
-            if let Some(p) = phase_from_frames(self.interner, a.stack) {
+            if let Some(p) = self.phases.of_stack(self.interner, a.stack) {
                 let c = match p {
                     Phase::Load => Category::Weights,
                     Phase::Optimizer => Category::OptimizerState,
@@ -154,7 +161,7 @@ impl Categorizer<'_> {
                 return (c, Confidence::High);
             }
         }
-        let free_site = phase_from_frames(self.interner, a.stack);
+        let free_site = self.phases.of_stack(self.interner, a.stack);
         match a.free_event.map(|d| self.phases.at(Some(d))) {
             // Saved for backward and released by it.
             Some(Phase::Backward) => (Category::Activations, Confidence::Medium),

@@ -26,9 +26,58 @@ pub enum Phase {
     Unknown,
 }
 
-/// In the per-stack cache of `find_phases`: not looked at yet / no phase; else `Phase as u8`.
+/// In a [`PerStack`] cache: not looked at yet / nothing found; else the value.
 const STACK_UNSEEN: u8 = u8::MAX;
 const STACK_NO_PHASE: u8 = u8::MAX - 1;
+
+/// A small answer (a phase, a category) worked out once per distinct stack: reading a stack's
+/// frames is string matching, and real dumps have 10,000s of allocations per stack. Shared by
+/// threads (benign races: two may both work the same stack out).
+#[derive(Default)]
+pub struct PerStack(Vec<AtomicU8>);
+
+impl PerStack {
+    pub fn new(interner: &Interner) -> PerStack {
+        PerStack(
+            (0..interner.stack_count())
+                .map(|_| AtomicU8::new(STACK_UNSEEN))
+                .collect(),
+        )
+    }
+
+    /// `f(stack)` as an index below `STACK_NO_PHASE` (`None`: nothing), computed once.
+    pub fn get(&self, id: StackId, f: impl FnOnce() -> Option<u8>) -> Option<u8> {
+        let Some(cell) = self.0.get(id.0 as usize) else {
+            return f();
+        };
+        match cell.load(Ordering::Relaxed) {
+            STACK_UNSEEN => {
+                let v = f();
+                cell.store(v.unwrap_or(STACK_NO_PHASE), Ordering::Relaxed);
+                v
+            }
+            STACK_NO_PHASE => None,
+            k => Some(k),
+        }
+    }
+}
+
+impl Clone for PerStack {
+    fn clone(&self) -> Self {
+        PerStack(
+            self.0
+                .iter()
+                .map(|c| AtomicU8::new(c.load(Ordering::Relaxed)))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Debug for PerStack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PerStack({} stacks)", self.0.len())
+    }
+}
 
 impl Phase {
     /// Every phase, in declaration order (`Phase::ALL[p as usize] == p`), the order of legends
@@ -85,9 +134,20 @@ pub struct Phases {
     pub intervals: Vec<PhaseInterval>,
     /// Why phases could not be found, when they could not.
     pub unknown_reason: Option<String>,
+    /// The phase each stack's frames show, once looked at.
+    pub stack_phases: PerStack,
 }
 
 impl Phases {
+    /// [`phase_from_frames`], once per stack.
+    pub fn of_stack(&self, interner: &Interner, stack: StackId) -> Option<Phase> {
+        self.stack_phases
+            .get(stack, || {
+                phase_from_frames(interner, stack).map(|p| p as u8)
+            })
+            .map(|k| Phase::ALL[k as usize])
+    }
+
     pub fn at(&self, event: Option<u32>) -> Phase {
         match event {
             Some(e) => self
@@ -421,22 +481,11 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         .collect();
     // Metadata and frames say something of each event alone: on every core, with the phase of
     // each stack found once (benign races: two threads may both work it out).
-    let stack_phase: Vec<AtomicU8> = (0..interner.stack_count())
-        .map(|_| AtomicU8::new(STACK_UNSEEN))
-        .collect();
+    let stack_phases = PerStack::new(interner);
     let phase_of_stack = |id: StackId| -> Option<Phase> {
-        let Some(cell) = stack_phase.get(id.0 as usize) else {
-            return phase_from_frames(interner, id);
-        };
-        match cell.load(Ordering::Relaxed) {
-            STACK_UNSEEN => {
-                let p = phase_from_frames(interner, id);
-                cell.store(p.map_or(STACK_NO_PHASE, |p| p as u8), Ordering::Relaxed);
-                p
-            }
-            STACK_NO_PHASE => None,
-            k => Some(Phase::ALL[k as usize]),
-        }
+        stack_phases
+            .get(id, || phase_from_frames(interner, id).map(|p| p as u8))
+            .map(|k| Phase::ALL[k as usize])
     };
     per_event
         .par_chunks_mut(piece)
@@ -621,6 +670,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         source_per_event,
         intervals,
         unknown_reason,
+        stack_phases,
     }
 }
 

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Confidence};
 use super::layout::{layout_at, Moment, SegmentLayout};
-use super::phase::{find_phases, phase_from_frames, Phase, Phases, Source};
+use super::phase::{find_phases, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
 use crate::report::*;
@@ -92,13 +92,17 @@ fn phase_claim(phases: &Phases, event: Option<u32>) -> (Phase, &'static str, Str
 /// The phase of a peak that is the state at window start (or of a dump without a trace): the
 /// latest activity the stacks of the blocks alive then show. Loading comes first in any run,
 /// so any other phase found is later.
-fn state_phase(snapshot: &Snapshot, live: &[&Allocation]) -> (Phase, &'static str, String) {
+fn state_phase(
+    snapshot: &Snapshot,
+    phases: &Phases,
+    live: &[&Allocation],
+) -> (Phase, &'static str, String) {
     let mut bytes = [0u64; Phase::ALL.len()];
     for a in live {
         if a.stack == StackId::EMPTY {
             continue;
         }
-        if let Some(p) = phase_from_frames(&snapshot.interner, a.stack) {
+        if let Some(p) = phases.of_stack(&snapshot.interner, a.stack) {
             bytes[p as usize] = bytes[p as usize].saturating_add(a.requested_bytes);
         }
     }
@@ -413,6 +417,7 @@ fn device_report_with(
             interner: &snapshot.interner,
             peak_bytes: peak_requested,
             recorded: !phases.per_event.is_empty(),
+            stack_categories: super::phase::PerStack::new(&snapshot.interner),
         },
     };
     let time_at = |e: Option<u32>| {
@@ -667,7 +672,7 @@ fn device_report_with(
         .map(|(k, (_, c))| (k, c))
         .collect();
     let peak_phase = if peak_event.is_none() {
-        state_phase(snapshot, &live)
+        state_phase(snapshot, &phases, &live)
     } else {
         phase_claim(&phases, peak_event)
     };

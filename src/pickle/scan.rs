@@ -571,7 +571,9 @@ mod tests {
         assert_eq!(s.chunks.iter().map(|c| c.memos).sum::<u32>(), 2);
         assert_eq!(s.end, End::Stop(p.len() - 1));
         let c = &s.chunks[0];
-        assert_eq!(memo_source_in(&p, c.start, c.end, 1), Some(14));
+        // EMPTY_LIST at 11 and the string at 14 are what the two MEMOIZEs store.
+        let at = |pos: usize| (pos - c.start) as u32;
+        assert_eq!(&memo_sources_in(&p, c.start, c.end)[..], [at(11), at(14)]);
     }
 
     #[test]

@@ -612,6 +612,7 @@ fn panel(
         interner: &snapshot.interner,
         peak_bytes: replay.requested.peak().0,
         recorded: !phases.per_event.is_empty(),
+        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
     };
     let by = svg::choose_colour_by(
         colour,

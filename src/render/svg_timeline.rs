@@ -951,6 +951,7 @@ fn panel(
         interner: &snapshot.interner,
         peak_bytes: peak,
         recorded: !phases.per_event.is_empty(),
+        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
     };
     let cats: Vec<(Category, Confidence)> =
         allocs.iter().map(|a| categorizer.categorize(a)).collect();
@@ -1558,6 +1559,7 @@ mod tests {
             interner: &snapshot.interner,
             peak_bytes: replay.requested.peak().0,
             recorded: !phases.per_event.is_empty(),
+            stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
         };
         let cats: Vec<_> = allocs.iter().map(|a| categorizer.categorize(a)).collect();
         let mut order: Vec<usize> = (0..allocs.len())
