@@ -64,9 +64,9 @@ pub enum Command {
         /// How many rows per table in text and Markdown.
         #[arg(long, default_value_t = 8)]
         top: usize,
-        /// Show whole stacks for the call sites.
-        #[arg(long)]
-        stacks: bool,
+        /// Show whole stacks for the call sites (`--stacks=python`: their Python frames only).
+        #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "all")]
+        stacks: Option<StackFrames>,
         /// Write to this file instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -262,6 +262,15 @@ pub enum Command {
     },
 }
 
+/// Which frames `report --stacks` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StackFrames {
+    /// Every recorded frame (allocator, dispatcher and interpreter frames are left out).
+    All,
+    /// Python frames only.
+    Python,
+}
+
 /// Result of a command: bytes for stdout and the exit code.
 struct Outcome {
     output: Vec<u8>,
@@ -370,7 +379,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 .map(|u| format!("\nCould not read {}: {}\n", u.path, u.error))
                 .collect();
             let code = if report.unreadable.is_empty() { 0 } else { 2 };
-            let view = crate::render::report_text::View { top, stacks };
+            let view = crate::render::report_text::View {
+                top,
+                stacks: stacks.is_some(),
+                python_only: stacks == Some(StackFrames::Python),
+            };
             let pictures = match &svg {
                 Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
                 None => Vec::new(),

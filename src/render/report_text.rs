@@ -15,6 +15,14 @@ pub struct View {
     pub top: usize,
     /// Whole stacks under each call site.
     pub stacks: bool,
+    /// Only their Python frames (`--stacks python`).
+    pub python_only: bool,
+}
+
+/// A stack line (`file:line:function`) of a Python frame.
+fn is_python_frame(line: &str) -> bool {
+    let file = line.split(':').next().unwrap_or("");
+    file.ends_with(".py") || file.starts_with('<')
 }
 
 enum Block {
@@ -101,7 +109,11 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
                 "stack of the largest allocation from {}:",
                 s.call_site
             )];
-            lines.extend(s.stack.iter().map(|l| format!("    {l}")));
+            let shown = s
+                .stack
+                .iter()
+                .filter(|l| !view.python_only || is_python_frame(l));
+            lines.extend(shown.map(|l| format!("    {l}")));
             blocks.push(Block::Lines(lines));
         }
     }

@@ -133,3 +133,33 @@ fn one_unreadable_file_does_not_hide_the_others() {
     snapscan().arg("report").arg(&cut).assert().code(2);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--stacks=python` shows only the Python frames of stacks that have C++ frames too (verl's
+/// vLLM KV-cache blocks); a bare `--stacks` before the file still takes no value.
+#[test]
+fn stacks_python_shows_python_frames_only() {
+    let file = common::fixture("real/volcengine__verl__mem_mempools.pickle");
+    let run = |flag: &str| {
+        let out = snapscan()
+            .args(["report", "--top", "3", flag])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{flag}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let all = run("--stacks");
+    let python = run("--stacks=python");
+    let kept: Vec<&str> = python.lines().collect();
+    let removed: Vec<&str> = all.lines().filter(|l| !kept.contains(l)).collect();
+    assert!(
+        !removed.is_empty(),
+        "C++ frames were shown and are now left out"
+    );
+    for l in &removed {
+        let file = l.trim().split(':').next().unwrap();
+        assert!(!file.ends_with(".py"), "a Python frame was left out: {l}");
+    }
+    assert!(kept.iter().all(|l| all.lines().any(|a| a == *l)));
+    assert!(python.contains("vllm/worker/cache_engine.py:83:_allocate_kv_cache"));
+}

@@ -782,6 +782,7 @@ fn report_of(name: &str, bytes: &[u8]) -> Option<FileReport> {
             let view = snapscan::render::report_text::View {
                 top: 5,
                 stacks: true,
+                python_only: false,
             };
             assert!(!snapscan::render::report_text::text(&r, &view).is_empty());
             assert!(!snapscan::render::json(&r).is_empty());
