@@ -301,8 +301,8 @@ fn load_all_salvage(
     }
 }
 
-/// Every input that can be read, and the others with their errors (each named on stderr), so
-/// that one bad rank does not hide the rest. An error when nothing could be read.
+/// Every input that can be read, and the others with their errors (for the caller to name),
+/// so that one bad rank does not hide the rest. An error when nothing could be read.
 fn load_readable(
     files: &[PathBuf],
     salvage: bool,
@@ -706,19 +706,21 @@ fn analyse(files: &[PathBuf], device: Option<i64>) -> Result<crate::report::Repo
     })
 }
 
+/// Why a file gave no device to `what` (check, compare).
+fn nothing_analysed(path: &str, device: Option<i64>, what: &str) -> String {
+    match device {
+        Some(d) => format!("{path}: no device {d} in this snapshot"),
+        None => format!("{path}: an empty snapshot (no segments, no trace): nothing to {what}"),
+    }
+}
+
 /// A budget check that checked nothing must not pass: every file needs a device analysed.
 fn require_devices(report: &crate::report::Report, device: Option<i64>) -> anyhow::Result<()> {
     let empty: Vec<String> = report
         .files
         .iter()
         .filter(|f| f.devices.is_empty())
-        .map(|f| match device {
-            Some(d) => format!("{}: no device {d} in this snapshot", f.path),
-            None => format!(
-                "{}: an empty snapshot (no segments, no trace): nothing to check",
-                f.path
-            ),
-        })
+        .map(|f| nothing_analysed(&f.path, device, "check"))
         .collect();
     if empty.is_empty() {
         return Ok(());
@@ -784,13 +786,11 @@ fn file_report_of(
     }
     // A diff of nothing would report "unchanged".
     if file.devices.is_empty() {
-        match device {
-            Some(d) => anyhow::bail!("{}: no device {d} in this snapshot", path.display()),
-            None => anyhow::bail!(
-                "{}: an empty snapshot (no segments, no trace): nothing to compare",
-                path.display()
-            ),
-        }
+        anyhow::bail!(nothing_analysed(
+            &path.display().to_string(),
+            device,
+            "compare"
+        ));
     }
     Ok(file)
 }
