@@ -596,15 +596,20 @@ impl<'d> Decoder<'d> {
 
 /// Decodes a document into the typed model.
 pub fn decode(doc: &Document) -> Result<Snapshot, SchemaError> {
-    decode_parts(doc, Interner::default(), &mut |_| None)
+    decode_parts(doc, Interner::default(), &mut |_| None, &mut |_| None)
 }
 
+/// Segments decoded elsewhere, by their place in a list (`None`: decode that item here).
+pub(crate) type PresetSegments<'p> = dyn FnMut(SeqId) -> Option<Vec<Option<Segment>>> + 'p;
+
 /// [`decode`] with traces decoded elsewhere: `preset(list)` gives the trace of a device list
-/// (the parallel reader's), `None` decodes the list here. Ids go on from `interner`.
+/// (the parallel reader's), `None` decodes the list here; `preset_segments(list)` gives
+/// segments of the segments list the same way. Ids go on from `interner`.
 pub(crate) fn decode_parts(
     doc: &Document,
     interner: Interner,
     preset: &mut dyn FnMut(SeqId) -> Option<Trace>,
+    preset_segments: &mut PresetSegments<'_>,
 ) -> Result<Snapshot, SchemaError> {
     let root = doc
         .root
@@ -677,7 +682,15 @@ pub(crate) fn decode_parts(
         // A segment is one dict: the same dict listed again is a memo bomb (one object
         // referenced millions of times), not a snapshot; copying it each time would not end.
         let mut seen: FxHashMap<DictId, usize> = FxHashMap::default();
+        let mut preset = match sv {
+            Value::List(id) | Value::Tuple(id) => preset_segments(id),
+            _ => None,
+        };
         for (i, item) in items.iter().enumerate() {
+            if let Some(seg) = preset.as_mut().and_then(|p| p.get_mut(i)?.take()) {
+                segments.push(seg);
+                continue;
+            }
             if let Value::Dict(id) = item {
                 if let Some(first) = seen.insert(*id, i) {
                     return Err(shared(

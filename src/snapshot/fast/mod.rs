@@ -19,16 +19,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::decode::decode_parts;
 use super::intern::{Frame, FrameId, Interner, StackId, TextId};
-use super::model::Snapshot;
+use super::model::{Segment, Snapshot};
 use super::trace::{Part, Trace};
 use crate::pickle::scan::{self, Chunk, End};
 use crate::pickle::{DictId, Document, PickleError, SeqId, Value};
 use crate::timing::Timer;
-use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, Slot, Unsupported, Vm, R};
+use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, SegRow, Slot, Unsupported, Vm, R};
 
 /// Bytes per chunk: small enough to spread over the cores, large enough that little crosses.
 const CHUNK_BYTES: usize = 1 << 20;
@@ -675,6 +675,19 @@ fn finish<'a>(
         .iter_mut()
         .flat_map(|o| std::mem::take(&mut o.tuples))
         .collect();
+    let mut segs: Vec<Vec<Option<Segment>>> = outs
+        .par_iter_mut()
+        .zip(ids.par_iter())
+        .map(|(o, i)| {
+            std::mem::take(&mut o.segs)
+                .into_iter()
+                .map(|row| remap_segment(row, i, &ext_tuples).map(Some))
+                .collect::<R<Vec<_>>>()
+        })
+        .collect::<R<Vec<_>>>()?;
+    let stitch_segs = std::mem::take(&mut stitch.segs).into_iter();
+    let stitch_segs = stitch_segs.map(|row| remap_segment(row, &ids[sources - 1], &ext_tuples));
+    segs.push(stitch_segs.map(|s| s.map(Some)).collect::<R<Vec<_>>>()?);
     drop(outs);
     t.lap("remap");
 
@@ -689,25 +702,69 @@ fn finish<'a>(
         ext_tuples: &ext_tuples,
         ext_tuple_ids: FxHashMap::default(),
         traces: FxHashMap::default(),
+        seg_lists: FxHashMap::default(),
+        segs_seen: FxHashSet::default(),
     };
     let root = conv.value(root, 0)?;
     let mut doc = conv.doc;
     let traces = conv.traces;
+    let seg_lists = conv.seg_lists;
     doc.root = Some(root);
     let mut used: Vec<SeqId> = Vec::new();
-    let snapshot = decode_parts(&doc, interner, &mut |seq| {
-        let t = traces.get(&seq).cloned();
-        if t.is_some() {
-            used.push(seq);
-        }
-        t
-    })
+    let mut used_segs: Vec<SeqId> = Vec::new();
+    let snapshot = decode_parts(
+        &doc,
+        interner,
+        &mut |seq| {
+            let t = traces.get(&seq).cloned();
+            if t.is_some() {
+                used.push(seq);
+            }
+            t
+        },
+        &mut |seq| {
+            let rows = seg_lists.get(&seq)?;
+            used_segs.push(seq);
+            let taken = rows.iter().map(|r| {
+                r.and_then(|(src, row)| segs.get_mut(src as usize)?.get_mut(row as usize)?.take())
+            });
+            Some(taken.collect())
+        },
+    )
     .map_err(|_| Unsupported)?;
-    // Rows must have ended up exactly in the device lists.
-    if traces.keys().any(|k| !used.contains(k)) {
+    // Rows must have ended up exactly in the device lists, segments in the segments list.
+    if traces.keys().any(|k| !used.contains(k)) || seg_lists.keys().any(|k| !used_segs.contains(k))
+    {
         return Err(Unsupported);
     }
     Ok(snapshot)
+}
+
+/// A chunk's segment with the interner's stack ids and its shared pool tuple read in.
+fn remap_segment(
+    row: SegRow,
+    ids: &SourceIds,
+    ext_tuples: &[(u32, Box<[Resolved<'_>]>)],
+) -> R<Segment> {
+    let stack = |s: StackId| match ids.stacks.get(s.0 as usize) {
+        Some(&id) if id != UNSET => Ok(StackId(id)),
+        _ => Err(Unsupported),
+    };
+    let mut seg = row.seg;
+    seg.frames = stack(seg.frames)?;
+    for b in &mut seg.blocks {
+        b.frames = stack(b.frames)?;
+    }
+    if let Some(g) = row.pool_ext {
+        let k = ext_tuples
+            .binary_search_by_key(&g, |(m, _)| *m)
+            .map_err(|_| Unsupported)?;
+        seg.pool_id = match *ext_tuples[k].1 {
+            [Resolved::Int(a), Resolved::Int(b)] => Some((a, b)),
+            _ => return Err(Unsupported),
+        };
+    }
+    Ok(seg)
 }
 
 /// The stitch's containers as a [`Document`]; lists of rows become [`Trace`]s.
@@ -723,6 +780,10 @@ struct ToDoc<'x, 'a, 'c> {
     ext_tuples: &'x [(u32, Box<[Resolved<'a>]>)],
     ext_tuple_ids: FxHashMap<u32, SeqId>,
     traces: FxHashMap<SeqId, Trace>,
+    /// Lists holding segments read by the chunks: (source, row) of each item, `None` for an
+    /// item converted here.
+    seg_lists: FxHashMap<SeqId, Vec<Option<(u32, u32)>>>,
+    segs_seen: FxHashSet<(u32, u32)>,
 }
 
 const MAX_DEPTH: usize = 256;
@@ -817,11 +878,7 @@ impl ToDoc<'_, '_, '_> {
                     }
                     self.traces.insert(id, trace);
                 } else {
-                    let mut out = Vec::with_capacity(items.len());
-                    for v in items {
-                        out.push(self.value(v, depth + 1)?);
-                    }
-                    self.doc.seqs[id.0 as usize] = out;
+                    self.seq_items(id, items, depth)?;
                 }
                 Value::List(id)
             }
@@ -832,11 +889,7 @@ impl ToDoc<'_, '_, '_> {
                 let id = self.new_seq()?;
                 self.tuples.insert(t, id);
                 let items: Vec<LVal> = self.vm.a.tuple_items(t).to_vec();
-                let mut out = Vec::with_capacity(items.len());
-                for v in items {
-                    out.push(self.value(v, depth + 1)?);
-                }
-                self.doc.seqs[id.0 as usize] = out;
+                self.seq_items(id, items, depth)?;
                 Value::Tuple(id)
             }
             LVal::Dict(d) => {
@@ -857,7 +910,32 @@ impl ToDoc<'_, '_, '_> {
                 self.doc.dicts[id.0 as usize] = out;
                 Value::Dict(id)
             }
-            LVal::Rec { .. } | LVal::Recs { .. } => return Err(Unsupported),
+            LVal::Rec { .. } | LVal::Recs { .. } | LVal::Seg { .. } => return Err(Unsupported),
         })
+    }
+
+    /// The items of sequence `id`; segments read by the chunks stay rows (a placeholder in the
+    /// document, the row in `seg_lists`), each in one place only.
+    fn seq_items(&mut self, id: SeqId, items: Vec<LVal>, depth: usize) -> R<()> {
+        let mut out = Vec::with_capacity(items.len());
+        let mut rows: Vec<Option<(u32, u32)>> = Vec::new();
+        for v in items {
+            if let LVal::Seg { src, row } = v {
+                if !self.segs_seen.insert((src, row)) {
+                    return Err(Unsupported);
+                }
+                rows.resize(out.len(), None);
+                rows.push(Some((src, row)));
+                out.push(Value::None);
+            } else {
+                out.push(self.value(v, depth + 1)?);
+            }
+        }
+        if !rows.is_empty() {
+            rows.resize(out.len(), None);
+            self.seg_lists.insert(id, rows);
+        }
+        self.doc.seqs[id.0 as usize] = out;
+        Ok(())
     }
 }

@@ -20,7 +20,10 @@ use crate::pickle::reader::{inside_path, Holder, Level, StackView};
 use crate::pickle::scan::{self, Chunk};
 use crate::snapshot::intern::{StackId, TextId};
 use crate::snapshot::model::{Action, TraceEntry};
+
+mod segments;
 use crate::snapshot::trace::Part;
+pub use segments::SegRow;
 
 /// The parallel reader cannot take this input; the sequential one will.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +61,11 @@ pub enum LVal {
         start: u32,
         len: u32,
     },
+    /// Segment `row` read by source `src` (see [`SegRow`]).
+    Seg {
+        src: u32,
+        row: u32,
+    },
 }
 
 /// What a chunk hands to the stitch, in order.
@@ -93,6 +101,8 @@ pub struct DictS {
     memo: u32,
     /// Row when the dict became a trace record.
     rec: u32,
+    /// Row when the dict became a segment.
+    seg: u32,
     sealed: bool,
     flushed: bool,
 }
@@ -129,6 +139,20 @@ const F_FILENAME: u8 = 10;
 const F_LINE: u8 = 11;
 const F_OTHER: u8 = 12;
 const F_NOT_STR: u8 = 13;
+// Keys of segment and block dicts (besides `size`, `stream` and `frames` above).
+const F_DEVICE: u8 = 14;
+const F_ADDRESS: u8 = 15;
+const F_TOTAL_SIZE: u8 = 16;
+const F_ALLOCATED_SIZE: u8 = 17;
+const F_ACTIVE_SIZE: u8 = 18;
+const F_REQUESTED_SIZE: u8 = 19;
+const F_SEGMENT_TYPE: u8 = 20;
+const F_POOL_ID: u8 = 21;
+const F_IS_EXPANDABLE: u8 = 22;
+const F_BLOCKS: u8 = 23;
+const F_STATE: u8 = 24;
+/// Number of field codes.
+const FIELDS: usize = 25;
 
 fn field_of(s: &str) -> u8 {
     match s {
@@ -144,6 +168,17 @@ fn field_of(s: &str) -> u8 {
         "name" => F_NAME,
         "filename" => F_FILENAME,
         "line" => F_LINE,
+        "device" => F_DEVICE,
+        "address" => F_ADDRESS,
+        "total_size" => F_TOTAL_SIZE,
+        "allocated_size" => F_ALLOCATED_SIZE,
+        "active_size" => F_ACTIVE_SIZE,
+        "requested_size" => F_REQUESTED_SIZE,
+        "segment_type" => F_SEGMENT_TYPE,
+        "segment_pool_id" => F_POOL_ID,
+        "is_expandable" => F_IS_EXPANDABLE,
+        "blocks" => F_BLOCKS,
+        "state" => F_STATE,
         _ => F_OTHER,
     }
 }
@@ -611,6 +646,7 @@ impl<'a> Arena<'a> {
             own: NONE_U32,
             memo: NONE_U32,
             rec: NONE_U32,
+            seg: NONE_U32,
             sealed: false,
             flushed: false,
         });
@@ -861,6 +897,8 @@ pub struct Vm<'a, 'c> {
     after_frames: usize,
     /// Memo values looked up in other chunks (for the work counter).
     lookups: u64,
+    /// Segment dicts read here (chunk mode).
+    pub segs: Vec<SegRow>,
 }
 
 /// What a chunk hands on once it has run.
@@ -884,6 +922,8 @@ pub struct ChunkOut<'a> {
     pub memos: u32,
     /// True when the chunk ran up to STOP.
     pub stopped: bool,
+    /// Segment dicts read here, by row.
+    pub segs: Vec<SegRow>,
 }
 
 impl<'a, 'c> Vm<'a, 'c> {
@@ -915,6 +955,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             op_pos: 0,
             after_frames: 0,
             lookups: 0,
+            segs: Vec::new(),
         }
     }
 
@@ -958,8 +999,13 @@ impl<'a, 'c> Vm<'a, 'c> {
         // A trace entry fetched again (CPython never does this; the same entry twice in a trace
         // is a memo bomb): the sequential reader decides.
         match v {
-            LVal::Rec { .. } => Err(Unsupported),
-            LVal::Dict(d) if self.a.dicts[d as usize].rec != NONE_U32 => Err(Unsupported),
+            LVal::Rec { .. } | LVal::Seg { .. } => Err(Unsupported),
+            LVal::Dict(d)
+                if self.a.dicts[d as usize].rec != NONE_U32
+                    || self.a.dicts[d as usize].seg != NONE_U32 =>
+            {
+                Err(Unsupported)
+            }
             _ => Ok(v),
         }
     }
@@ -1660,6 +1706,18 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.stack = stack;
         r?;
         self.stack.truncate(from);
+        if s.len == 0 {
+            if let Some(row) = self.try_segment(d) {
+                let ds = &mut self.a.dicts[d as usize];
+                ds.seg = row;
+                ds.sealed = true;
+                if let Some(top) = self.stack.last_mut() {
+                    if *top == LVal::Dict(d) {
+                        *top = LVal::Seg { src: self.src, row };
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -2028,6 +2086,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames,
             memos,
             stopped,
+            segs: self.segs,
         })
     }
 
