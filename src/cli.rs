@@ -817,6 +817,7 @@ pub fn main() -> ExitCode {
     // For the linear-work test: the work counted by the reader and the analysis.
     if std::env::var_os("SNAPSCAN_WORK").is_some() {
         eprintln!("work: {} units", crate::work::units());
+        eprintln!("document: {} values", crate::work::document_values());
     }
     code
 }

@@ -19,3 +19,16 @@ pub fn add(n: u64) {
 pub fn units() -> u64 {
     UNITS.load(Ordering::Relaxed)
 }
+
+static DOC_VALUES: AtomicU64 = AtomicU64::new(0);
+
+/// Adds `n` values of a generic document handed to the decoder by the parallel reader (what it
+/// could not turn into typed rows in its chunks: the skeleton, settings, odd shapes).
+pub fn add_document_values(n: u64) {
+    DOC_VALUES.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Values of generic documents the parallel reader built so far.
+pub fn document_values() -> u64 {
+    DOC_VALUES.load(Ordering::Relaxed)
+}

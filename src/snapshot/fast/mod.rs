@@ -710,6 +710,9 @@ fn finish<'a>(
     let traces = conv.traces;
     let seg_lists = conv.seg_lists;
     doc.root = Some(root);
+    let values = doc.seqs.iter().map(Vec::len).sum::<usize>()
+        + 2 * doc.dicts.iter().map(Vec::len).sum::<usize>();
+    crate::work::add_document_values(values as u64);
     let mut used: Vec<SeqId> = Vec::new();
     let mut used_segs: Vec<SeqId> = Vec::new();
     let snapshot = decode_parts(
