@@ -60,7 +60,7 @@ fn undecided_bytes(dev: &DeviceReport, peak: u64) -> Option<String> {
         format_bytes(total),
         100.0 * total as f64 / peak as f64,
         names.join(", "),
-        if before_window * 2 >= total {
+        if before_window >= total / 2 {
             "; most of it was allocated before recording started, with no stack"
         } else {
             ""
