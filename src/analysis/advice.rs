@@ -18,6 +18,56 @@ fn cat(dev: &DeviceReport, name: &str) -> u64 {
     dev.categories_at_peak.get(name).copied().unwrap_or(0)
 }
 
+const RECORD_THE_WHOLE_RUN: &str = "Record from before the model is loaded";
+
+fn record_the_whole_run(reason: &str) -> Advice {
+    advice(
+        "Record from before the model is loaded: call torch.cuda.memory._record_memory_history(max_entries=…) first, with max_entries large enough for the whole run",
+        reason.to_owned(),
+        None,
+        "a long run needs a large max_entries (host memory while recording)",
+    )
+}
+
+/// Why the memory at the peak is not told apart, when a sizeable share of it (a quarter or
+/// more) has no category above low confidence.
+fn undecided_bytes(dev: &DeviceReport, peak: u64) -> Option<String> {
+    let unsure: Vec<(&String, u64)> = dev
+        .categories_at_peak
+        .iter()
+        .filter(|(name, bytes)| {
+            **bytes > 0
+                && (name.as_str() == "unknown"
+                    || dev
+                        .category_confidence_at_peak
+                        .get(*name)
+                        .is_some_and(|c| c == "low"))
+        })
+        .map(|(n, b)| (n, *b))
+        .collect();
+    let total = unsure.iter().fold(0u64, |s, (_, b)| s.saturating_add(*b));
+    if peak == 0 || (total as f64) < 0.25 * peak as f64 {
+        return None;
+    }
+    let before_window = dev
+        .live_at_peak
+        .iter()
+        .filter(|a| a.alloc_event.is_none() && (a.category == "unknown" || a.confidence == "low"))
+        .fold(0u64, |s, a| s.saturating_add(a.requested_bytes));
+    let names: Vec<&str> = unsure.iter().map(|(n, _)| n.as_str()).collect();
+    Some(format!(
+        "{} of the memory at the peak ({:.0}%) is {} at low confidence or unknown, so no advice is sized on it{}",
+        format_bytes(total),
+        100.0 * total as f64 / peak as f64,
+        names.join(", "),
+        if before_window >= total / 2 {
+            "; most of it was allocated before recording started, with no stack"
+        } else {
+            ""
+        }
+    ))
+}
+
 /// Advice for one device, most useful first.
 pub fn advise(
     dev: &DeviceReport,
@@ -94,7 +144,7 @@ pub fn advise(
                         "{moment} in model loading and weights hold {} — about {:.1} billion parameters if they are stored in 16-bit; the same parameters take {} in fp32, {} in bf16/fp16, {} in 8-bit and {} in 4-bit",
                         format_bytes(weights),
                         weights as f64 / 2.0 / 1e9,
-                        format_bytes(weights * 2),
+                        format_bytes(weights.saturating_mul(2)),
                         format_bytes(weights),
                         format_bytes(weights / 2),
                         format_bytes(weights / 4)
@@ -156,18 +206,42 @@ pub fn advise(
             Some(activations / 2),
             "training settings do not matter here: only the eval loop's shapes do",
         )),
-        "unknown" if dev.window.events > 0 => {
+        "unknown" if dev.window.events > 0 || dev.peak.event_index.is_none() => {
             let what = if dev.oom.is_empty() { "the peak" } else { "the OOM" };
+            if !stacks_recorded {
+                out.push(advice(
+                    "Record Python stacks: torch.cuda.memory._record_memory_history(stacks=\"python\"), then rerun snapscan",
+                    format!(
+                        "the phase of {what} is not decided by this trace, so no phase-specific fix is advised; with stacks each allocation names the code that made it"
+                    ),
+                    None,
+                    "recording stacks slows allocations down a little and makes the dump bigger",
+                ));
+            } else if dev.peak.event_index.is_none() && dev.oom.is_empty() {
+                out.push(record_the_whole_run(
+                    "the peak is the state before the first recorded event, so no allocation of the peak shows what was running; no phase-specific fix is advised",
+                ));
+            }
+        }
+        _ => {}
+    }
+    // The memory the advice would be about is not decided: say what would decide it.
+    if let Some(reason) = undecided_bytes(dev, peak) {
+        if stacks_recorded {
+            if !out
+                .iter()
+                .any(|a| a.action.starts_with(RECORD_THE_WHOLE_RUN))
+            {
+                out.push(record_the_whole_run(&reason));
+            }
+        } else if !out.iter().any(|a| a.action.contains("stacks=")) {
             out.push(advice(
                 "Record Python stacks: torch.cuda.memory._record_memory_history(stacks=\"python\"), then rerun snapscan",
-                format!(
-                    "the phase of {what} is not decided by this trace, so no phase-specific fix is advised; with stacks each allocation names the code that made it"
-                ),
+                reason,
                 None,
                 "recording stacks slows allocations down a little and makes the dump bigger",
             ));
         }
-        _ => {}
     }
     if dev.truncated {
         out.push(advice(

@@ -12,8 +12,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::replay::{Curve, DeviceReplay};
 use super::summary::piece_entries;
-use crate::snapshot::{Action, Interner, Snapshot, StackId};
+use crate::snapshot::{Action, Interner, Snapshot, StackId, Trace};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -111,6 +112,9 @@ pub enum Source {
     UserMetadata,
     Frames,
     Position,
+    /// Where the event lies in a training step between the optimizer's annotated ranges: the
+    /// step's memory rises through the forward and falls through the backward (low confidence).
+    StepPosition,
     None,
 }
 
@@ -136,6 +140,11 @@ pub struct Phases {
     pub unknown_reason: Option<String>,
     /// The phase each stack's frames show, once looked at.
     pub stack_phases: PerStack,
+    /// Ends (time) of the `Optimizer.step` ranges, in order: steps are counted from them.
+    pub step_ends: Vec<i64>,
+    /// Inference only: eval evidence and neither backward frames nor an optimizer anywhere in
+    /// the trace, so a forward is evaluation.
+    pub inference: bool,
 }
 
 impl Phases {
@@ -145,7 +154,10 @@ impl Phases {
             .get(stack, || {
                 phase_from_frames(interner, stack).map(|p| p as u8)
             })
-            .map(|k| Phase::ALL[k as usize])
+            .map(|k| match Phase::ALL[k as usize] {
+                Phase::Forward if self.inference => Phase::Eval,
+                p => p,
+            })
     }
 
     pub fn at(&self, event: Option<u32>) -> Phase {
@@ -366,6 +378,22 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
     phase
 }
 
+/// Is the innermost frame of the stack that stands for a phase the optimizer's, with loading
+/// outside it? Optimizer buffers built while the model is set up (Megatron's distributed
+/// optimizer building its fp32 main parameters in `init_model`): loading by phase, optimizer
+/// state by what they are.
+pub fn optimizer_code_while_loading(interner: &Interner, stack: StackId) -> bool {
+    let mut marks = interner.get_stack(stack).iter().filter_map(|&id| {
+        let f = interner.get_frame(id);
+        let file = interner.get_text(f.filename).replace('\\', "/");
+        match frame_mark(interner.get_text(f.name), &file) {
+            Some(Mark::Is(p)) => Some(p),
+            _ => None,
+        }
+    });
+    marks.next() == Some(Phase::Optimizer) && marks.any(|p| p == Phase::Load)
+}
+
 fn phase_from_metadata(text: &str) -> Option<Phase> {
     let t = text.to_ascii_lowercase();
     if t.is_empty() {
@@ -413,6 +441,13 @@ fn annotated_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64, bool)> {
     }
     ranges.sort_unstable();
     ranges
+}
+
+/// [`find_phases`], then [`Phases::fill_by_step_position`] with the device's replay.
+pub fn phases_of(snapshot: &Snapshot, device: i64, replay: &DeviceReplay) -> Phases {
+    let mut phases = find_phases(snapshot, device);
+    phases.fill_by_step_position(snapshot.trace(device), &replay.requested);
+    phases
 }
 
 pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
@@ -531,6 +566,32 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             });
         });
 
+    // Inference: the trace shows generation, validation or no_grad code and neither a backward
+    // frame nor an optimizer anywhere, so every forward in it is evaluation (a forward under
+    // `with torch.no_grad():` shows no frame of its own), and frameless allocations are not
+    // autograd's backward thread.
+    let seen = |phase: Phase, sources: &[Source]| {
+        per_event
+            .iter()
+            .zip(&source_per_event)
+            .any(|(&p, s)| p == phase && sources.contains(s))
+    };
+    let inference = seen(Phase::Eval, &[Source::Frames, Source::UserMetadata])
+        && !seen(Phase::Backward, &[Source::Frames, Source::UserMetadata])
+        && !seen(
+            Phase::Optimizer,
+            &[Source::Frames, Source::UserMetadata, Source::Annotation],
+        );
+    if inference {
+        for (p, s) in per_event.iter_mut().zip(source_per_event.iter_mut()) {
+            match (*p, *s) {
+                (Phase::Forward, _) => *p = Phase::Eval,
+                (Phase::Backward, Source::Position) => (*p, *s) = (Phase::Unknown, Source::None),
+                _ => {}
+            }
+        }
+    }
+
     // An annotated run of events that holds evidence of its own (Lightning's forward and
     // backward inside `Optimizer.step`) is read from that evidence alone: its frees take the
     // phase around them, not the annotation's.
@@ -591,57 +652,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         .position(|&s| s != Source::None)
         .map(|i| (per_event[i], source_per_event[i]));
 
-    // Intervals and step numbers. With `Optimizer.step` annotations, steps are counted from
-    // them: a step ends with its optimizer step (and the zero_grad right after it). Without, a
-    // new step starts at a forward that follows a backward or optimizer phase (eval and load in
-    // between do not count); the first training phase is step 0.
-    // Ends of the `Optimizer.step` ranges, in time order.
     let step_ends: Vec<i64> = ranges.iter().filter(|r| r.2).map(|r| r.1).collect();
-    let by_annotations = !step_ends.is_empty();
-    let mut intervals: Vec<PhaseInterval> = Vec::new();
-    let mut step: Option<u32> = None;
-    let mut last_training: Option<Phase> = None;
-    let mut steps_done: u32 = 0;
-    for (i, (&p, &s)) in per_event.iter().zip(&source_per_event).enumerate() {
-        if let Some(last) = intervals.last_mut() {
-            if last.name == p {
-                last.last_event = i as u32;
-                continue;
-            }
-        }
-        if by_annotations {
-            // Optimizer phases keep the step they close (zero_grad after the step included).
-            if p != Phase::Optimizer {
-                if let Some(t) = trace.get(i).and_then(|e| e.time_us) {
-                    steps_done = step_ends.partition_point(|&end| end < t) as u32;
-                }
-            }
-            step = Some(steps_done);
-        } else if matches!(p, Phase::Forward | Phase::Backward | Phase::Optimizer) {
-            let new_step = match step {
-                None => true,
-                Some(_) => {
-                    p == Phase::Forward
-                        && matches!(last_training, Some(Phase::Backward | Phase::Optimizer))
-                }
-            };
-            if new_step {
-                step = Some(step.map_or(0, |s| s + 1));
-            }
-            last_training = Some(p);
-        }
-        intervals.push(PhaseInterval {
-            name: p,
-            step: if p == Phase::Load || (p == Phase::Unknown && !by_annotations) {
-                None
-            } else {
-                step
-            },
-            first_event: i as u32,
-            last_event: i as u32,
-            source: s,
-        });
-    }
     let unknown_reason = if trace.is_empty() {
         Some("no trace was recorded for this device (memory history off), so there is no timeline to cut into phases".to_owned())
     } else if first.is_none() {
@@ -655,24 +666,210 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     } else if !has_stacks && per_event.contains(&Phase::Unknown) {
         // Only the optimizer's annotated ranges: the rest of each step is forward or backward,
         // and nothing in the trace tells which.
-        Some(
-            "the trace has no stacks (context=None); only the optimizer's record_function \
-             ranges mark phases, so events between them (forward or backward of a step) are \
-             unknown; record with torch.cuda.memory._record_memory_history(stacks=\"python\") \
-             to tell forward from backward"
-                .to_owned(),
-        )
+        Some(NO_STACKS_BETWEEN_RANGES.to_owned())
     } else {
         None
     };
-    Phases {
+    let mut phases = Phases {
         per_event,
         source_per_event,
-        intervals,
+        intervals: Vec::new(),
         unknown_reason,
         stack_phases,
+        step_ends,
+        inference,
+    };
+    phases.build_intervals(trace);
+    phases
+}
+
+const NO_STACKS_BETWEEN_RANGES: &str = "the trace has no stacks (context=None); only the \
+    optimizer's record_function ranges mark phases, so events between them (forward or backward \
+    of a step) are unknown; record with torch.cuda.memory._record_memory_history(stacks=\"python\") \
+    to tell forward from backward";
+
+impl Phases {
+    /// Intervals and step numbers from the per-event phases. With `Optimizer.step` annotations,
+    /// steps are counted from them: a step ends with its optimizer step (and the zero_grad right
+    /// after it). Without, a new step starts at a forward that follows a backward or optimizer
+    /// phase (eval and load in between do not count); the first training phase is step 0.
+    fn build_intervals(&mut self, trace: &Trace) {
+        let by_annotations = !self.step_ends.is_empty();
+        let mut intervals: Vec<PhaseInterval> = Vec::new();
+        let mut step: Option<u32> = None;
+        let mut last_training: Option<Phase> = None;
+        let mut steps_done: u32 = 0;
+        for (i, (&p, &s)) in self
+            .per_event
+            .iter()
+            .zip(&self.source_per_event)
+            .enumerate()
+        {
+            if let Some(last) = intervals.last_mut() {
+                if last.name == p {
+                    last.last_event = i as u32;
+                    continue;
+                }
+            }
+            if by_annotations {
+                // Optimizer phases keep the step they close (zero_grad after the step included).
+                if p != Phase::Optimizer {
+                    if let Some(t) = trace.get(i).and_then(|e| e.time_us) {
+                        steps_done = self.step_ends.partition_point(|&end| end < t) as u32;
+                    }
+                }
+                step = Some(steps_done);
+            } else if matches!(p, Phase::Forward | Phase::Backward | Phase::Optimizer) {
+                let new_step = match step {
+                    None => true,
+                    Some(_) => {
+                        p == Phase::Forward
+                            && matches!(last_training, Some(Phase::Backward | Phase::Optimizer))
+                    }
+                };
+                if new_step {
+                    step = Some(step.map_or(0, |s| s + 1));
+                }
+                last_training = Some(p);
+            }
+            intervals.push(PhaseInterval {
+                name: p,
+                step: if p == Phase::Load || (p == Phase::Unknown && !by_annotations) {
+                    None
+                } else {
+                    step
+                },
+                first_event: i as u32,
+                last_event: i as u32,
+                source: s,
+            });
+        }
+        self.intervals = intervals;
+    }
+
+    /// Events left without evidence between the optimizer's annotated ranges (a `stacks=None`
+    /// run) placed in forward or backward by where they lie in their step: the memory of a
+    /// training step rises through the forward and falls through the backward, so the highest
+    /// level between two ranges is where the backward begins. Claimed only where the steps look
+    /// alike (as many allocations, the highest level as far in) and never in the stretch before
+    /// the first range (loading and the first step share it); the last, unfinished stretch (an
+    /// OOM) is read against the finished ones, and left unknown near their turning point. Low
+    /// confidence throughout: nothing in the trace names the phase.
+    pub fn fill_by_step_position(&mut self, trace: &Trace, requested: &Curve) {
+        if self.step_ends.is_empty() || !self.source_per_event.contains(&Source::None) {
+            return;
+        }
+        let annotated = |i: usize| self.source_per_event[i] == Source::Annotation;
+        let is_request = |i: usize| {
+            trace
+                .get(i)
+                .is_some_and(|e| matches!(e.action, Action::Alloc | Action::Oom))
+        };
+        // Stretches strictly between annotated runs, and whether a range closes them.
+        let n = self.per_event.len();
+        let mut stretches: Vec<(usize, usize, bool)> = Vec::new();
+        let mut i = 0;
+        let mut seen_range = false;
+        while i < n {
+            if annotated(i) {
+                seen_range = true;
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && !annotated(i) {
+                i += 1;
+            }
+            if seen_range && (start..i).any(is_request) {
+                stretches.push((start, i - 1, i < n));
+            }
+        }
+        // Requests (allocations and failed ones) in each finished stretch, and how many of them
+        // up to its highest level.
+        let shape = |first: usize, last: usize| {
+            let (_, top) = requested.peak_between(first, last);
+            let total = (first..=last).filter(|&k| is_request(k)).count();
+            let rising = (first..=top as usize).filter(|&k| is_request(k)).count();
+            (total, rising)
+        };
+        let finished: Vec<(usize, usize, usize, usize)> = stretches
+            .iter()
+            .filter(|s| s.2)
+            .map(|&(first, last, _)| {
+                let (total, rising) = shape(first, last);
+                (first, last, total, rising)
+            })
+            .collect();
+        let median = |mut v: Vec<usize>| {
+            v.sort_unstable();
+            v.get(v.len() / 2).copied().unwrap_or(0)
+        };
+        let total = median(finished.iter().map(|s| s.2).collect());
+        let rising = median(finished.iter().map(|s| s.3).collect());
+        let alike = |t: usize, r: usize| {
+            t.abs_diff(total) * 10 <= total && r.abs_diff(rising) * 20 <= total
+        };
+        let alike_count = finished.iter().filter(|s| alike(s.2, s.3)).count();
+        if alike_count < 2 || rising == 0 || rising >= total {
+            return;
+        }
+        // Near the turning point (a step's highest level is often the backward's first
+        // allocations, its loss gradient) position does not tell: left unknown.
+        const TURN: usize = 2;
+        let mut claimed = false;
+        let mut claim_stretch = |first: usize, last: usize, rising: usize, limit: usize| {
+            let mut count = 0;
+            for k in first..=last {
+                if is_request(k) {
+                    count += 1;
+                }
+                if count > limit {
+                    break;
+                }
+                let p = if count + TURN < rising {
+                    Phase::Forward
+                } else if count > rising + TURN {
+                    Phase::Backward
+                } else {
+                    continue;
+                };
+                if self.source_per_event[k] == Source::None {
+                    self.per_event[k] = p;
+                    self.source_per_event[k] = Source::StepPosition;
+                    claimed = true;
+                }
+            }
+        };
+        for &(first, last, t, r) in &finished {
+            if alike(t, r) {
+                claim_stretch(first, last, r, usize::MAX);
+            }
+        }
+        // The unfinished stretch, when an OOM ended it: against the finished ones. (One that
+        // ends without an OOM may be anything: an evaluation, a dump taken mid-step.)
+        if let Some(&(first, last, false)) = stretches.last() {
+            let oom = (first..=last).any(|k| trace.get(k).is_some_and(|e| e.action == Action::Oom));
+            if oom {
+                claim_stretch(first, last, rising, total + total / 10);
+            }
+        }
+        if !claimed {
+            return;
+        }
+        if self.unknown_reason.as_deref() == Some(NO_STACKS_BETWEEN_RANGES) {
+            self.unknown_reason = Some(NO_STACKS_BY_POSITION.to_owned());
+        }
+        self.build_intervals(trace);
     }
 }
+
+const NO_STACKS_BY_POSITION: &str =
+    "the trace has no stacks (context=None); only the optimizer's record_function \
+             ranges mark phases, and the events between them are placed in forward or backward \
+             by their position in the step (the highest level of each step is taken as the \
+             start of its backward): low confidence; record with \
+             torch.cuda.memory._record_memory_history(stacks=\"python\") to tell forward from \
+             backward";
 
 #[cfg(test)]
 mod tests {
@@ -1046,6 +1243,46 @@ mod tests {
             ("./nptl/pthread_create.c", "start_thread"),
         ];
         assert_eq!(phase_of(&stack), Some(Phase::Backward));
+    }
+
+    #[test]
+    fn optimizer_buffers_built_while_loading_are_told_apart() {
+        let mut i = Interner::default();
+        let mut stack = |frames: &[(&str, &str)]| {
+            let ids = frames
+                .iter()
+                .map(|(file, name)| {
+                    let f = Frame {
+                        name: i.text(name),
+                        filename: i.text(file),
+                        line: 1,
+                    };
+                    i.frame(f)
+                })
+                .collect();
+            i.stack(ids)
+        };
+        let main_params = stack(&[
+            (
+                "/venv/megatron/core/optimizer/distrib_optimizer.py",
+                "_build_model_and_main_param_groups",
+            ),
+            (
+                "/venv/megatron/core/optimizer/distrib_optimizer.py",
+                "__init__",
+            ),
+            ("/home/me/verl/workers/megatron_workers.py", "init_model"),
+        ]);
+        let params = stack(&[
+            (
+                "/venv/megatron/core/distributed/param_and_grad_buffer.py",
+                "__init__",
+            ),
+            ("/home/me/verl/workers/megatron_workers.py", "init_model"),
+        ]);
+        assert_eq!(phase_from_frames(&i, main_params), Some(Phase::Load));
+        assert!(optimizer_code_while_loading(&i, main_params));
+        assert!(!optimizer_code_while_loading(&i, params));
     }
 
     #[test]

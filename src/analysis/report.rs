@@ -82,6 +82,10 @@ fn phase_claim(phases: &Phases, event: Option<u32>) -> (Phase, &'static str, Str
             "medium",
             "position: frameless allocations in a run that records Python stacks come from autograd's backward thread".to_owned(),
         ),
+        (_, Source::StepPosition) => (
+            "low",
+            "position only: the event lies between the optimizer's annotated ranges, on the rising (forward) or falling (backward) side of its step's memory; nothing in the trace names the phase".to_owned(),
+        ),
     };
     if phase == Phase::Unknown {
         return (Phase::Unknown, "low", evidence);
@@ -401,10 +405,11 @@ fn device_report_with(
     device: i64,
     options: &ReportOptions,
     replay: &DeviceReplay,
-    phases: Phases,
+    mut phases: Phases,
     summary: &super::summary::TraceSummary,
 ) -> DeviceReport {
     let trace = snapshot.trace(device);
+    phases.fill_by_step_position(trace, &replay.requested);
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
@@ -412,13 +417,7 @@ fn device_report_with(
         sites: CallSites::new(&snapshot.interner),
         trace,
         phases: &phases,
-        categorizer: Categorizer {
-            phases: &phases,
-            interner: &snapshot.interner,
-            peak_bytes: peak_requested,
-            recorded: !phases.per_event.is_empty(),
-            stack_categories: super::phase::PerStack::new(&snapshot.interner),
-        },
+        categorizer: Categorizer::new(snapshot, &phases, replay),
     };
     let time_at = |e: Option<u32>| {
         e.and_then(|i| trace.get(i as usize))
@@ -648,28 +647,40 @@ fn device_report_with(
         let slot = phases_at_peak.entry(phase.to_owned()).or_default();
         *slot = slot.saturating_add(a.requested_bytes);
     }
-    // Confidence per category: the one that holds most of its bytes.
-    let mut confidence_bytes: std::collections::BTreeMap<(String, String), u64> =
-        std::collections::BTreeMap::new();
-    for a in &live_at_peak {
-        let slot = confidence_bytes
-            .entry((a.category.clone(), a.confidence.clone()))
+    // Confidence and evidence per category: the ones that hold most of its bytes.
+    let mut claim_bytes: HashMap<(Category, Confidence, &'static str), u64> = HashMap::new();
+    for a in &live {
+        let c = describe.categorizer.claim(a);
+        let slot = claim_bytes
+            .entry((c.category, c.confidence, c.evidence))
             .or_default();
         *slot = slot.saturating_add(a.requested_bytes);
     }
-    let mut category_confidence_at_peak: std::collections::BTreeMap<String, (u64, String)> =
-        std::collections::BTreeMap::new();
-    for ((category, confidence), b) in confidence_bytes {
-        let slot = category_confidence_at_peak
-            .entry(category)
-            .or_insert((0, String::new()));
-        if b > slot.0 || slot.1.is_empty() {
-            *slot = (b, confidence);
+    let mut by_confidence: HashMap<(Category, Confidence), u64> = HashMap::new();
+    let mut by_evidence: HashMap<Category, (u64, &'static str)> = HashMap::new();
+    for (&(category, confidence, evidence), &b) in &claim_bytes {
+        let slot = by_confidence.entry((category, confidence)).or_default();
+        *slot = slot.saturating_add(b);
+        let best = by_evidence.entry(category).or_insert((0, evidence));
+        if (b, evidence) > *best {
+            *best = (b, evidence);
         }
     }
-    let category_confidence_at_peak = category_confidence_at_peak
+    let mut category_confidence_at_peak: std::collections::BTreeMap<String, String> =
+        std::collections::BTreeMap::new();
+    for category in Category::ALL {
+        let best = [Confidence::High, Confidence::Medium, Confidence::Low]
+            .into_iter()
+            .filter_map(|c| by_confidence.get(&(category, c)).map(|&b| (b, c)))
+            .max_by_key(|&(b, c)| (b, std::cmp::Reverse(c)));
+        if let Some((_, c)) = best {
+            category_confidence_at_peak
+                .insert(category.name().to_owned(), confidence_name(c).to_owned());
+        }
+    }
+    let category_evidence_at_peak = by_evidence
         .into_iter()
-        .map(|(k, (_, c))| (k, c))
+        .map(|(c, (_, e))| (c.name().to_owned(), e.to_owned()))
         .collect();
     let peak_phase = if peak_event.is_none() {
         state_phase(snapshot, &phases, &live)
@@ -738,6 +749,7 @@ fn device_report_with(
         phases_unknown_reason: phases.unknown_reason.clone(),
         categories_at_peak,
         category_confidence_at_peak,
+        category_evidence_at_peak,
         phases_at_peak,
         steps,
         advice: Vec::new(),

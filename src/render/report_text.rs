@@ -154,7 +154,8 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
 }
 
 /// "in the backward pass (step 3)", with the confidence when it is not high; "in step 3 (phase
-/// unknown)" or "" when the phase is unknown.
+/// unknown)" or "" when the phase is unknown. A low-confidence phase is not stated as the
+/// phase: "in step 3 (phase unknown; by its position perhaps the forward pass, low confidence)".
 fn in_phase(phase: &str, step: Option<u32>, confidence: &str) -> String {
     let what = match phase {
         "load" => "while loading the model",
@@ -162,13 +163,19 @@ fn in_phase(phase: &str, step: Option<u32>, confidence: &str) -> String {
         "backward" => "in the backward pass",
         "optimizer" => "in the optimizer step",
         "eval" => "in evaluation",
-        _ => {
-            return match step {
-                Some(s) => format!(" in step {s} (phase unknown)"),
-                None => " (phase unknown)".to_owned(),
-            }
-        }
+        _ => "",
     };
+    let step_text = |s: Option<u32>| s.map_or(String::new(), |s| format!(" in step {s}"));
+    if what.is_empty() {
+        return format!("{} (phase unknown)", step_text(step));
+    }
+    if confidence == "low" {
+        let name = what.trim_start_matches("in ").trim_start_matches("while ");
+        return format!(
+            "{} (phase unknown; perhaps {name}, low confidence)",
+            step_text(step)
+        );
+    }
     let mut notes = Vec::new();
     if let Some(s) = step.filter(|_| phase != "load") {
         notes.push(format!("step {s}"));
@@ -337,6 +344,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     };
     if phase == "unknown" && !evidence.is_empty() {
         out.push(Block::Para(format!("Phase unknown: {evidence}.")));
+    } else if confidence == "low" && !evidence.is_empty() {
+        out.push(Block::Para(format!(
+            "Phase not decided: perhaps {phase} (low confidence), from {evidence}."
+        )));
     } else if !evidence.is_empty() {
         out.push(Block::Para(format!(
             "Phase: {phase} ({confidence} confidence), from {evidence}."
@@ -418,6 +429,19 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
                 })
                 .collect(),
         });
+        // What the claims that are not certain rest on, largest first.
+        let unsure: Vec<String> = cats
+            .iter()
+            .filter(|(_, b)| **b as f64 >= 0.01 * total as f64)
+            .filter_map(|(c, _)| {
+                let confidence = dev.category_confidence_at_peak.get(*c)?;
+                let evidence = dev.category_evidence_at_peak.get(*c)?;
+                (confidence != "high").then(|| format!("{c} ({confidence}): {evidence}"))
+            })
+            .collect();
+        if !unsure.is_empty() {
+            out.push(Block::Para(format!("Not certain: {}.", unsure.join("; "))));
+        }
     }
     if dev.steps.len() > 1 {
         let growing = dev

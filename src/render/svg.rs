@@ -114,6 +114,7 @@ pub fn source_text(s: Source) -> &'static str {
         Source::UserMetadata => "user metadata of the trace entries",
         Source::Frames => "the allocations' stack frames",
         Source::Position => "position (frameless allocations: autograd's backward thread)",
+        Source::StepPosition => "position in the step only (no stacks; low confidence)",
         Source::None => "no evidence",
     }
 }

@@ -23,7 +23,7 @@ use super::svg::{
 };
 use crate::analysis::category::{Categorizer, Category};
 use crate::analysis::layout::{layout_at, Moment, SegmentLayout};
-use crate::analysis::phase::find_phases;
+use crate::analysis::phase::phases_of;
 use crate::analysis::replay::{replay_device, Allocation, DeviceReplay};
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, StackId};
 use crate::units::format_bytes;
@@ -606,14 +606,8 @@ fn panel(
 ) -> (String, f64) {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
-    let phases = find_phases(snapshot, device);
-    let categorizer = Categorizer {
-        phases: &phases,
-        interner: &snapshot.interner,
-        peak_bytes: replay.requested.peak().0,
-        recorded: !phases.per_event.is_empty(),
-        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
-    };
+    let phases = phases_of(snapshot, device, &replay);
+    let categorizer = Categorizer::new(snapshot, &phases, &replay);
     let by = svg::choose_colour_by(
         colour,
         replay

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use super::svg::{self, num, tenths, ColourBy, Colours, GREY, GRID, INK, LEFT, MUTED, PLOT_W, RED};
 use crate::analysis::category::{Categorizer, Category, Confidence};
-use crate::analysis::phase::{find_phases, Phases, Source};
+use crate::analysis::phase::{phases_of, Phases, Source};
 use crate::analysis::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
@@ -944,15 +944,9 @@ fn panel(
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
     let allocs = &replay.allocations;
-    let phases = find_phases(snapshot, device);
+    let phases = phases_of(snapshot, device, &replay);
     let (peak, peak_event) = replay.requested.peak();
-    let categorizer = Categorizer {
-        phases: &phases,
-        interner: &snapshot.interner,
-        peak_bytes: peak,
-        recorded: !phases.per_event.is_empty(),
-        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
-    };
+    let categorizer = Categorizer::new(snapshot, &phases, &replay);
     let cats: Vec<(Category, Confidence)> =
         allocs.iter().map(|a| categorizer.categorize(a)).collect();
     let by = svg::choose_colour_by(colour, cats.iter().map(|c| c.0));
@@ -1553,14 +1547,8 @@ mod tests {
         let snapshot = &loaded.snapshot;
         let replay = replay_device(snapshot, 0);
         let allocs = &replay.allocations;
-        let phases = find_phases(snapshot, 0);
-        let categorizer = Categorizer {
-            phases: &phases,
-            interner: &snapshot.interner,
-            peak_bytes: replay.requested.peak().0,
-            recorded: !phases.per_event.is_empty(),
-            stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
-        };
+        let phases = phases_of(snapshot, 0, &replay);
+        let categorizer = Categorizer::new(snapshot, &phases, &replay);
         let cats: Vec<_> = allocs.iter().map(|a| categorizer.categorize(a)).collect();
         let mut order: Vec<usize> = (0..allocs.len())
             .filter(|&i| allocs[i].requested_bytes > 0)

@@ -142,6 +142,11 @@ pub struct DeviceReport {
     /// (`high`, `medium`, `low`). Absent in reports written before it existed.
     #[serde(default)]
     pub category_confidence_at_peak: BTreeMap<String, String>,
+    /// Per category with bytes at the peak: what the claim rests on (the evidence that holds
+    /// most of its bytes; for `unknown`, why nothing decides it). Absent in reports written
+    /// before it existed.
+    #[serde(default)]
+    pub category_evidence_at_peak: BTreeMap<String, String>,
     /// Requested bytes alive at the peak by the phase that allocated them.
     pub phases_at_peak: BTreeMap<String, u64>,
     /// Per training step: its peak and the level it started from.

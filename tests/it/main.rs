@@ -1,6 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
 mod analysis;
+mod categories;
 mod cli;
 mod common;
 mod decode;
@@ -14,5 +15,6 @@ mod replica;
 mod robustness;
 mod salvage;
 mod svg;
+mod synthetic;
 mod work;
 mod workflow;
