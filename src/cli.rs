@@ -83,6 +83,11 @@ pub enum Command {
         /// the rest in `live_at_peak_omitted` / `segments_omitted`).
         #[arg(long)]
         full: bool,
+        /// One line per file: the device that ran out of memory, the failing call site and
+        /// roughly how much must be freed for the request to fit (or the peak when there was no
+        /// OOM); unreadable inputs get a line too.
+        #[arg(long, conflicts_with_all = ["format", "full", "svg", "stacks"])]
+        brief: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -353,6 +358,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             svg,
             salvage,
             full,
+            brief,
         } => {
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
@@ -389,6 +395,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 None => Vec::new(),
             };
             let mut bytes = match format {
+                _ if brief => crate::render::report_text::brief(&report).into_bytes(),
                 Format::Json => {
                     let mut report = report;
                     if !full {
@@ -417,7 +424,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                     );
                 }
             }
-            if format != Format::Json {
+            if format != Format::Json && !brief {
                 bytes.extend(unreadable_lines.bytes());
             }
             Ok(Outcome {

@@ -804,14 +804,16 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         // A device with neither segments nor trace has nothing to report.
         .filter(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some())
         .collect();
+    let devices: Vec<DeviceReport> = devices
+        .par_iter()
+        .map(|&d| device_report(snapshot, d, options))
+        .collect();
     FileReport {
         path: loaded.name.clone(),
         stacks_recorded: snapshot.has_stacks(),
         allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
-        devices: devices
-            .par_iter()
-            .map(|&d| device_report(snapshot, d, options))
-            .collect(),
+        summary: super::headline::file_summary(&devices),
+        devices,
     }
 }
 

@@ -4,7 +4,8 @@
 use std::fmt::Write;
 
 use crate::report::{
-    CallSiteBytes, DeviceReport, FileReport, LiveAllocation, Oom, Report, SegmentReport,
+    CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, Oom, OomHeadline, Report,
+    SegmentReport,
 };
 use crate::units::format_bytes;
 
@@ -608,9 +609,125 @@ fn rank_blocks(report: &Report) -> Vec<Block> {
     }]
 }
 
+/// "device 1 of 3", or "device 0" when the file has one device.
+fn device_of(device: i64, devices: u64) -> String {
+    if devices > 1 {
+        format!("device {device} of {devices}")
+    } else {
+        format!("device {device}")
+    }
+}
+
+/// "750.0MiB request in the forward pass at x.py:12:f, FULL; about 558.6MiB must be freed for
+/// it to fit".
+fn oom_brief(h: &OomHeadline) -> String {
+    let mut s = format!(
+        "{} request{}",
+        format_bytes(h.requested_bytes),
+        in_phase(&h.phase, None, "")
+    );
+    if let Some(site) = &h.call_site {
+        let _ = write!(s, " at {site}");
+    }
+    let _ = write!(s, ", {}", h.verdict.to_uppercase());
+    if h.oom_events > 1 {
+        let _ = write!(s, " (the first of {} OOMs)", h.oom_events);
+    }
+    if h.shortfall_bytes > 0 {
+        let _ = write!(
+            s,
+            "; about {} must be freed for it to fit",
+            format_bytes(h.shortfall_bytes)
+        );
+    }
+    s
+}
+
+/// The first lines of a file with several devices: which devices ran out of memory and where,
+/// the others' peaks, and an imbalance of the peaks.
+fn file_headline(path: &str, sum: &FileSummary, devices: &[DeviceReport]) -> Vec<Block> {
+    let mut out = vec![Block::Heading(format!("{path} — {} devices", sum.devices))];
+    for h in &sum.oom {
+        out.push(Block::Alert(format!(
+            "OOM on {}: {}.",
+            device_of(h.device, sum.devices),
+            oom_brief(h)
+        )));
+    }
+    let fine: Vec<String> = devices
+        .iter()
+        .filter(|d| d.oom.is_empty())
+        .map(|d| format!("device {} peak {}", d.device, bytes(d.peak.requested_bytes)))
+        .collect();
+    if sum.oom.is_empty() {
+        out.push(Block::Para(format!(
+            "No OOM on any of the {} devices: {}.",
+            sum.devices,
+            fine.join(", ")
+        )));
+    } else if !fine.is_empty() {
+        out.push(Block::Para(format!("No OOM on: {}.", fine.join(", "))));
+    }
+    if let Some(i) = &sum.imbalance {
+        let times = i.ratio.map(|r| format!("{r:.1}× ")).unwrap_or_default();
+        out.push(Block::Para(format!(
+            "Imbalance: device {} peaks at {}, {times}device {}'s {} (flagged when the {}).",
+            i.highest_device,
+            bytes(i.highest_peak_bytes),
+            i.lowest_device,
+            bytes(i.lowest_peak_bytes),
+            i.rule
+        )));
+    }
+    out
+}
+
+/// `report --brief`: one line per file (OOM device, failing call site, how much must go; or
+/// the peak), then one per unreadable input.
+pub fn brief(report: &Report) -> String {
+    let mut out = String::new();
+    for f in &report.files {
+        let sum = &f.summary;
+        let line = match sum.oom.first() {
+            _ if f.devices.is_empty() => "nothing to report (no segments and no trace)".to_owned(),
+            Some(h) => {
+                let mut s = format!(
+                    "OOM on {}: {}",
+                    device_of(h.device, sum.devices),
+                    oom_brief(h)
+                );
+                if sum.oom.len() > 1 {
+                    let others: Vec<String> =
+                        sum.oom[1..].iter().map(|o| o.device.to_string()).collect();
+                    let _ = write!(s, "; OOM on device {} too", others.join(", "));
+                }
+                s
+            }
+            None => format!(
+                "no OOM; peak {} on {}",
+                bytes(sum.peak_requested_bytes),
+                device_of(sum.peak_device.unwrap_or(0), sum.devices)
+            ),
+        };
+        let imbalance = if sum.imbalance.is_some() {
+            " [imbalance]"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{}: {line}{imbalance}", f.path);
+    }
+    for u in &report.unreadable {
+        let _ = writeln!(out, "{}: could not read: {}", u.path, u.error);
+    }
+    out
+}
+
 fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
     let mut blocks = rank_blocks(report);
     for file in &report.files {
+        if file.devices.len() > 1 {
+            blocks.extend(file_headline(&file.path, &file.summary, &file.devices));
+        }
         if file.devices.is_empty() {
             blocks.push(Block::Heading(file.path.clone()));
             blocks.push(Block::Para(

@@ -102,6 +102,53 @@ pub struct FileReport {
     pub stacks_recorded: bool,
     pub allocator_settings: Option<serde_json::Value>,
     pub devices: Vec<DeviceReport>,
+    /// The file-level headline: OOM devices, the peak device, imbalance. Absent in reports
+    /// written before it existed.
+    #[serde(default)]
+    pub summary: FileSummary,
+}
+
+/// What the first lines of a file's report say (`analysis::headline`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FileSummary {
+    /// Devices analysed.
+    pub devices: u64,
+    /// The first OOM of each device that had one, by device.
+    pub oom: Vec<OomHeadline>,
+    /// The device with the highest peak of requested bytes (null: no device).
+    pub peak_device: Option<i64>,
+    pub peak_requested_bytes: i64,
+    /// Set when the devices' peaks differ sharply (the rule is in `rule`).
+    pub imbalance: Option<Imbalance>,
+}
+
+/// The first OOM of one device, in brief.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomHeadline {
+    pub device: i64,
+    /// OOM events of the device (this is the first).
+    pub oom_events: u64,
+    pub event_index: u32,
+    pub requested_bytes: u64,
+    pub phase: String,
+    pub call_site: Option<String>,
+    pub verdict: String,
+    /// Roughly what must be freed for the request to fit: the request minus the larger of the
+    /// device's free memory and the largest usable hole.
+    pub shortfall_bytes: u64,
+}
+
+/// The highest and the lowest device peak of a file, when they differ sharply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Imbalance {
+    pub highest_device: i64,
+    pub highest_peak_bytes: i64,
+    pub lowest_device: i64,
+    pub lowest_peak_bytes: i64,
+    /// highest / lowest (null when the lowest is 0).
+    pub ratio: Option<f64>,
+    /// The rule that flagged it, in words.
+    pub rule: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
