@@ -580,33 +580,76 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     out
 }
 
+/// The column heads of the cross-file table and what they mean (report and merge).
+pub const RANK_COLUMNS_NOTE: &str = "peak and reserved at peak: the device with the highest peak, \
+     at the moment of that peak; max reserved: the highest reserved bytes of any device";
+
+/// What the outlier column means for this table, in words.
+pub fn outlier_note(t: &crate::report::RankTable) -> String {
+    if t.ranks_of_one_job {
+        format!("Outliers: {}.", t.outlier_rule)
+    } else {
+        "Outliers: not flagged, the files are not ranks of one job (no rank number in every \
+         name; --ranks says they are)."
+            .to_owned()
+    }
+}
+
 fn rank_blocks(report: &Report) -> Vec<Block> {
     let Some(t) = &report.ranks else {
         return Vec::new();
     };
-    vec![Block::Table {
-        title: format!(
-            "{} files, median peak {}",
-            t.rows.len(),
-            bytes(t.median_peak_requested_bytes)
-        ),
-        header: vec!["file", "rank", "peak", "reserved", "OOM", "outlier"],
-        right: vec![false, true, true, true, false, false],
-        rows: t
-            .rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.path.clone(),
-                    r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-                    bytes(r.peak_requested_bytes),
-                    format_bytes(r.reserved_bytes),
-                    if r.oom { "yes" } else { "no" }.to_owned(),
-                    if r.outlier { "OUTLIER" } else { "" }.to_owned(),
-                ]
-            })
-            .collect(),
-    }]
+    let dash = || "-".to_owned();
+    vec![
+        Block::Table {
+            title: format!(
+                "{} files, median peak {} ({RANK_COLUMNS_NOTE})",
+                t.rows.len(),
+                bytes(t.median_peak_requested_bytes)
+            ),
+            header: vec![
+                "file",
+                "rank",
+                "device",
+                "peak",
+                "reserved at peak",
+                "max reserved",
+                "OOM",
+                "outlier",
+            ],
+            right: vec![false, true, true, true, true, true, false, false],
+            rows: t
+                .rows
+                .iter()
+                .map(|r| {
+                    let rank = r.rank.map(|x| x.to_string()).unwrap_or_else(dash);
+                    if r.error.is_some() {
+                        return vec![
+                            r.path.clone(),
+                            rank,
+                            dash(),
+                            dash(),
+                            dash(),
+                            dash(),
+                            "unreadable".to_owned(),
+                            String::new(),
+                        ];
+                    }
+                    vec![
+                        r.path.clone(),
+                        rank,
+                        r.peak_device.map(|d| d.to_string()).unwrap_or_else(dash),
+                        bytes(r.peak_requested_bytes),
+                        format_bytes(r.reserved_at_peak_bytes),
+                        format_bytes(r.max_reserved_bytes),
+                        if r.oom { "yes" } else { "no" }.to_owned(),
+                        if r.outlier { "OUTLIER" } else { "" }.to_owned(),
+                    ]
+                })
+                .collect(),
+        },
+        Block::Para(outlier_note(t)),
+    ]
 }
 
 /// "device 1 of 3", or "device 0" when the file has one device.

@@ -411,16 +411,39 @@ pub struct Fragmentation {
 pub struct RankRow {
     pub path: String,
     pub rank: Option<u64>,
+    /// The highest peak of requested bytes of any device (that of `peak_device`).
     pub peak_requested_bytes: i64,
+    /// Reserved bytes at the dump, summed over the devices (kept for older readers; the table
+    /// shows `reserved_at_peak_bytes` and `max_reserved_bytes`).
     pub reserved_bytes: u64,
     pub oom: bool,
     pub outlier: bool,
+    /// The device with the highest peak (null: no device, or unreadable).
+    #[serde(default)]
+    pub peak_device: Option<i64>,
+    /// Reserved bytes on `peak_device` at the moment of its peak.
+    #[serde(default)]
+    pub reserved_at_peak_bytes: u64,
+    /// The highest reserved bytes of any device (over its trace, or at the dump when higher).
+    #[serde(default)]
+    pub max_reserved_bytes: u64,
+    /// Why the input could not be read (its figures are then 0); absent for readable files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankTable {
     pub rows: Vec<RankRow>,
+    /// Median of the readable rows' peaks.
     pub median_peak_requested_bytes: i64,
+    /// The rows are ranks of one job (a rank number in every readable name, or `--ranks`):
+    /// only then are outliers flagged.
+    #[serde(default)]
+    pub ranks_of_one_job: bool,
+    /// How `outlier` is decided, in words.
+    #[serde(default)]
+    pub outlier_rule: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -634,6 +657,9 @@ pub struct MergeReport {
     /// The JSON report files that were read.
     pub inputs: Vec<String>,
     pub ranks: RankTable,
+    /// Reports that could not be read (each is also a row with its `error`; exit code 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// Entries a default JSON report keeps of each long list (`report --full` keeps them all).

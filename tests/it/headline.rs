@@ -128,3 +128,195 @@ fn brief_is_one_line_per_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("snapscan-table-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_cross_file_table_takes_peak_and_reserved_of_one_device_at_one_moment() {
+    let dir = temp_dir("moment");
+    let bad = dir.join("cut.pickle");
+    let whole = std::fs::read(common::fixture("synth/truncated.pickle")).unwrap();
+    std::fs::write(&bad, &whole[..whole.len() / 3]).unwrap();
+    let bad = bad.to_str().unwrap();
+    let files = [
+        THREE,
+        "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+        "fixtures/real/LfieLike__SketchKV2__my_snapshot.pickle",
+        "fixtures/synth/truncated.pickle",
+    ];
+    let mut args = vec!["report", "--format", "json"];
+    args.extend(files);
+    args.push(bad);
+    let (code, json, _) = run(&args);
+    assert_eq!(code, Some(2));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rows = v["ranks"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "the unreadable file is a row too");
+    for (row, file) in rows.iter().zip(&v["files"].as_array().unwrap()[..]) {
+        let devices = file["devices"].as_array().unwrap();
+        let top = devices
+            .iter()
+            .max_by_key(|d| d["peak"]["requested_bytes"].as_i64().unwrap())
+            .unwrap();
+        assert_eq!(row["peak_device"], top["device"]);
+        assert_eq!(row["peak_requested_bytes"], top["peak"]["requested_bytes"]);
+        assert_eq!(row["reserved_at_peak_bytes"], top["peak"]["reserved_bytes"]);
+        // The same moment on the same device: reserved holds the peak's blocks.
+        assert!(
+            row["reserved_at_peak_bytes"].as_i64() >= row["peak_requested_bytes"].as_i64(),
+            "{row}"
+        );
+        let max = devices
+            .iter()
+            .map(|d| {
+                d["peak_reserved"]["bytes"]
+                    .as_u64()
+                    .unwrap()
+                    .max(d["final"]["reserved_bytes"].as_u64().unwrap())
+            })
+            .max()
+            .unwrap();
+        assert_eq!(row["max_reserved_bytes"], max);
+    }
+    let three = &rows[0];
+    assert_eq!(three["peak_device"], 0);
+    assert_eq!(three["oom"], true, "device 1 ran out of memory");
+    let cut = &rows[4];
+    assert!(cut["path"].as_str().unwrap().ends_with("cut.pickle"));
+    assert!(cut["error"].as_str().unwrap().contains("truncated"));
+    assert_eq!(v["ranks"]["ranks_of_one_job"], false);
+    assert!(
+        rows.iter().all(|r| r["outlier"] == false),
+        "unrelated files"
+    );
+
+    let mut args = vec!["report"];
+    args.extend(files);
+    args.push(bad);
+    let (_, text, _) = run(&args);
+    let head: String = text.lines().take(3).collect::<Vec<_>>().join(" ");
+    assert!(
+        head.contains("peak and reserved at peak: the device with the highest peak, at the moment of that peak; max reserved: the highest reserved bytes of any device"),
+        "{head}"
+    );
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("file"))
+        .unwrap();
+    for col in [
+        "rank",
+        "device",
+        "peak",
+        "reserved at peak",
+        "max reserved",
+        "OOM",
+        "outlier",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let cut_row = text
+        .lines()
+        .find(|l| l.contains("cut.pickle") && l.contains("unreadable"));
+    assert!(cut_row.is_some(), "{text}");
+    assert!(text.contains("Outliers: not flagged, the files are not ranks of one job"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outliers_only_among_the_ranks_of_one_job_by_a_printed_rule() {
+    let ranked = temp_dir("ranked");
+    let unranked = temp_dir("unranked");
+    let sources = [
+        "synth/train.pickle",
+        "synth/train.pickle",
+        "synth/train.pickle",
+        "synth/load-oom.pickle",
+    ];
+    for (r, src) in sources.iter().enumerate() {
+        std::fs::copy(
+            common::fixture(src),
+            ranked.join(format!("snap_rank{r}.pickle")),
+        )
+        .unwrap();
+        std::fs::copy(
+            common::fixture(src),
+            unranked.join(format!("job-{}.pickle", ["a", "b", "c", "d"][r])),
+        )
+        .unwrap();
+    }
+    let rule = "Outliers: a rank is an outlier when its peak is ≥ 1.2× or ≤ 0.8× the median peak";
+    let outliers = |args: &[&str]| {
+        let (code, json, _) = run(args);
+        assert_eq!(code, Some(0));
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        v["ranks"]["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["outlier"] == true)
+            .map(|r| {
+                r["path"]
+                    .as_str()
+                    .unwrap()
+                    .rsplit('/')
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let (r, u) = (ranked.to_str().unwrap(), unranked.to_str().unwrap());
+    assert_eq!(
+        outliers(&["report", "--format", "json", r]),
+        ["snap_rank3.pickle"]
+    );
+    assert!(outliers(&["report", "--format", "json", u]).is_empty());
+    assert_eq!(
+        outliers(&["report", "--format", "json", "--ranks", u]),
+        ["job-d.pickle"]
+    );
+    let (_, text, _) = run(&["report", r]);
+    let table_end = text.find("\n\n== ").unwrap();
+    assert!(text[..table_end].contains(rule), "{}", &text[..table_end]);
+
+    // merge: the same rule, the ranks from the names; an unreadable report is a row and exit 2.
+    let reports = temp_dir("reports");
+    for r in 0..4 {
+        let (_, json, _) = run(&[
+            "report",
+            "--format",
+            "json",
+            ranked
+                .join(format!("snap_rank{r}.pickle"))
+                .to_str()
+                .unwrap(),
+        ]);
+        std::fs::write(reports.join(format!("node{r}.json")), json).unwrap();
+    }
+    std::fs::write(reports.join("node4.json"), "{ not json").unwrap();
+    let (code, text, err) = run(&["merge", reports.to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("node4.json"), "{err}");
+    assert!(text.contains("Outliers: rank 3 (+"), "{text}");
+    assert!(text.contains(rule), "{text}");
+    assert!(
+        text.contains("reserved at peak") && text.contains("max reserved"),
+        "{text}"
+    );
+    let bad = text.lines().find(|l| l.contains("node4.json")).unwrap();
+    assert!(bad.contains("unreadable"), "{bad}");
+    let (_, json, _) = run(&["merge", "--format", "json", reports.to_str().unwrap()]);
+    let m: snapscan::report::MergeReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(m.ranks.rows.len(), 5);
+    assert_eq!(m.unreadable.len(), 1);
+    let top = m.ranks.rows.iter().find(|r| r.rank == Some(3)).unwrap();
+    assert!(top.outlier && top.reserved_at_peak_bytes >= top.peak_requested_bytes as u64);
+    for d in [ranked, unranked, reports] {
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
