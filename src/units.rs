@@ -75,3 +75,8 @@ mod tests {
         assert!(parse_size("5 parsecs").is_err());
     }
 }
+
+/// `n` and the noun in the right number: "1 event", "3 events", "1 entry", "0 entries".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}

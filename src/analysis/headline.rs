@@ -76,6 +76,7 @@ pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
         peak_device: highest.map(|d| d.device),
         peak_requested_bytes: highest.map_or(0, |d| d.peak.requested_bytes),
         imbalance,
+        empty_devices: Vec::new(),
     }
 }
 

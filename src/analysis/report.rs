@@ -601,33 +601,56 @@ fn device_report_with(
     if let Some(s) = &snapshot.salvaged {
         notes.push(s.describe(snapshot));
     }
-    if trace.is_empty() {
-        notes.push(
+    let trace_cut = snapshot
+        .salvaged
+        .as_ref()
+        .and_then(|s| s.trace_cut(snapshot, device));
+    match trace_cut {
+        Some(crate::snapshot::TraceCut::Cut) => notes.push(format!(
+            "this device's trace was cut after {} (the file was salvaged): what happened \
+             later, an OOM included, is not in the report",
+            crate::units::counted(trace.len() as u64, "entry", "entries")
+        )),
+        Some(crate::snapshot::TraceCut::NotReached) => notes.push(
+            "this device's trace was cut off before it began (the file was salvaged), so the \
+             peak is the dump's own state; the trace may have held an OOM"
+                .to_owned(),
+        ),
+        None if trace.is_empty() => notes.push(
             "no trace entries for this device: memory history was not recorded \
              (torch.cuda.memory._record_memory_history), so the peak is the dump's own state"
                 .to_owned(),
-        );
+        ),
+        None => {}
     }
     if truncated {
         notes.push(format!(
-            "the trace starts mid-run: {} frees of allocations made before the first event; \
+            "the trace starts mid-run: {} of allocations made before the first event; \
              either the ring buffer overflowed (raise max_entries in _record_memory_history) or \
              recording started late",
-            replay.window.unmatched_frees
+            crate::units::counted(replay.window.unmatched_frees, "free", "frees")
         ));
+    }
+    let dump = final_state(snapshot.segments_of(device));
+    if let Some(note) = cached_remark(&dump) {
+        notes.push(note);
     }
     if replay.window.lost_frees > 0 {
         notes.push(format!(
-            "{} allocations reused an address that was never freed in the trace (frees were \
-             skipped or lost); the old allocation was closed at the reuse",
-            replay.window.lost_frees
+            "{} an address that was never freed in the trace (frees were skipped or lost); the \
+             old allocation was closed at the reuse",
+            match replay.window.lost_frees {
+                1 => "1 allocation reused".to_owned(),
+                n => format!("{n} allocations reused"),
+            }
         ));
     }
     if replay.window.uncounted_pending_blocks > 0 {
         notes.push(format!(
-            "{} blocks ({} bytes) were pending free at the dump with no allocation in the trace; \
-             they are not counted in the curves (as in memory_viz)",
-            replay.window.uncounted_pending_blocks, replay.window.uncounted_pending_bytes
+            "{} ({} bytes) pending free at the dump with no allocation in the trace; not \
+             counted in the curves (as in memory_viz)",
+            crate::units::counted(replay.window.uncounted_pending_blocks, "block", "blocks"),
+            replay.window.uncounted_pending_bytes
         ));
     }
 
@@ -683,7 +706,7 @@ fn device_report_with(
 
     let mut report = DeviceReport {
         device,
-        final_state: final_state(snapshot.segments_of(device)),
+        final_state: dump,
         window: Window {
             events: trace.len() as u64,
             first_time_us: first_time,
@@ -701,6 +724,7 @@ fn device_report_with(
             reserved_at_start_bytes: replay.reserved.start,
         },
         truncated,
+        trace_cut: trace_cut.map(|c| c.name().to_owned()),
         peak: Peak {
             requested_bytes: peak_requested,
             allocated_bytes: replay.allocated.at(peak_event),
@@ -795,15 +819,38 @@ fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
     out
 }
 
+/// The dump holds at least this share of its reserved bytes cached and unallocated …
+const CACHED_SHARE: f64 = 0.5;
+/// … and at least this many bytes, for the report to remark on it.
+const CACHED_MIN_BYTES: u64 = 256 << 20;
+
+/// A remark when most of the reserved memory at the dump is cached and unused.
+fn cached_remark(dump: &FinalState) -> Option<String> {
+    let cached = dump.reserved_bytes.saturating_sub(dump.allocated_bytes);
+    let share = cached as f64 / dump.reserved_bytes.max(1) as f64;
+    (cached >= CACHED_MIN_BYTES && share >= CACHED_SHARE).then(|| {
+        format!(
+            "most of the reserved memory is cached and unused: {} reserved, {} allocated at the \
+             dump, so {} ({:.0}%) is held by PyTorch's caching allocator for reuse; nvidia-smi \
+             counts it as used and other processes cannot have it \
+             (torch.cuda.empty_cache() gives it back)",
+            crate::units::format_bytes(dump.reserved_bytes),
+            crate::units::format_bytes(dump.allocated_bytes),
+            crate::units::format_bytes(cached),
+            share * 100.0
+        )
+    })
+}
+
 pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileReport {
     let snapshot = &loaded.snapshot;
-    let devices: Vec<i64> = snapshot
+    let (devices, empty): (Vec<i64>, Vec<i64>) = snapshot
         .devices()
         .into_iter()
         .filter(|d| options.device.is_none_or(|want| want == *d))
-        // A device with neither segments nor trace has nothing to report.
-        .filter(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some())
-        .collect();
+        // A device with neither segments nor trace has nothing to report: it is named in one
+        // line (`summary.empty_devices`), the same way in every file.
+        .partition(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some());
     let devices: Vec<DeviceReport> = devices
         .par_iter()
         .map(|&d| device_report(snapshot, d, options))
@@ -812,7 +859,10 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         path: loaded.name.clone(),
         stacks_recorded: snapshot.has_stacks(),
         allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
-        summary: super::headline::file_summary(&devices),
+        summary: FileSummary {
+            empty_devices: empty,
+            ..super::headline::file_summary(&devices)
+        },
         devices,
     }
 }

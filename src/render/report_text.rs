@@ -7,7 +7,7 @@ use crate::report::{
     CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, Oom, OomHeadline, Report,
     SegmentReport,
 };
-use crate::units::format_bytes;
+use crate::units::{counted, format_bytes};
 
 /// What the reader asked to see.
 #[derive(Clone, Copy, Debug)]
@@ -243,9 +243,9 @@ fn segment_table(moment: &str, segments: &[SegmentReport], view: &View) -> Optio
     });
     Some(Block::Table {
         title: format!(
-            "Segments with the most free space at {moment} (top {} of {} segments with holes)",
+            "Segments with the most free space at {moment} (top {} of {} with holes)",
             segs.len().min(view.top),
-            segs.len()
+            counted(segs.len() as u64, "segment", "segments")
         ),
         header: vec![
             "segment",
@@ -294,16 +294,23 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
 
     // 1. The verdict.
     if dev.oom.is_empty() {
+        let none = match dev.trace_cut.as_deref() {
+            Some("cut") => "No OOM in the part of the trace that arrived (the trace was cut).",
+            Some(_) => "No trace arrived (the file was cut before it): no OOM can be told.",
+            None => "No OOM recorded.",
+        };
         let mut s = format!(
-            "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
+            "{none} Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
             in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
             when(dev, dev.peak.event_index, dev.peak.time_us),
             bytes(dev.peak.reserved_bytes),
         );
-        if dev.window.events == 0 {
+        if dev.window.events == 0 && dev.trace_cut.is_none() {
             s.push_str(" (No trace was recorded: these are the dump's own figures.)");
+        } else if dev.window.events == 0 {
+            s.push_str(" (These are the dump's own figures.)");
         }
         if dev.held_open.share_of_peak >= 0.1 && dev.peak.event_index.is_some() {
             let _ = write!(
@@ -345,7 +352,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     }
 
     // 2. Window and final state.
-    let mut window = format!("Trace: {} events", dev.window.events);
+    let mut window = format!("Trace: {}", counted(dev.window.events, "event", "events"));
     if let Some(d) = dev.window.duration_s {
         let _ = write!(window, " over {d:.3} s");
     }
@@ -354,8 +361,18 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     } else {
         let _ = write!(
             window,
-            "; {} allocations predate the window ({} of them have no event at all: still allocated at the dump)",
-            dev.window.allocations_before_window, dev.window.ghost_blocks
+            "; {} the window ({} no event at all: still allocated at the dump)",
+            match dev.window.allocations_before_window {
+                1 => "1 allocation predates".to_owned(),
+                n => format!("{n} allocations predate"),
+            },
+            match (
+                dev.window.allocations_before_window,
+                dev.window.ghost_blocks
+            ) {
+                (1, 1) => "it has".to_owned(),
+                (_, g) => format!("{g} of them {}", if g == 1 { "has" } else { "have" }),
+            }
         );
     }
     let _ = write!(
@@ -458,10 +475,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     // 4. What was alive at the peak.
     out.extend(call_site_table(
         format!(
-            "Alive at the peak, by call site ({} of {} sites, {} allocations)",
+            "Alive at the peak, by call site ({} of {}, {})",
             dev.live_at_peak_by_call_site.len().min(view.top),
-            dev.live_at_peak_by_call_site.len(),
-            dev.live_at_peak.len()
+            counted(dev.live_at_peak_by_call_site.len() as u64, "site", "sites"),
+            counted(dev.live_at_peak.len() as u64, "allocation", "allocations")
         ),
         &dev.live_at_peak_by_call_site,
         view,
@@ -478,9 +495,9 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         && dev.held_open.share_of_peak < 0.01
     {
         out.push(Block::Para(format!(
-            "Held the peak open: nothing sizeable ({} in {} allocations, under 1% of the peak, is left over from earlier).",
+            "Held the peak open: nothing sizeable ({} in {}, under 1% of the peak, is left over from earlier).",
             format_bytes(dev.held_open.bytes),
-            dev.held_open.count
+            counted(dev.held_open.count, "allocation", "allocations")
         )));
     } else if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
         let h = &dev.held_open;
@@ -492,10 +509,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             .collect::<Vec<_>>()
             .join(", ");
         let mut title = format!(
-            "Held the peak open: {} ({}) in {} allocations — {} (at that point {} was requested). From: {from}",
+            "Held the peak open: {} ({}) in {} — {} (at that point {} was requested). From: {from}",
             format_bytes(h.bytes),
             pct(h.share_of_peak),
-            h.count,
+            counted(h.count, "allocation", "allocations"),
             h.definition,
             bytes(h.boundary_requested_bytes),
         );
@@ -518,18 +535,26 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     // 5. Fragmentation.
     let f = &dev.fragmentation_at_peak;
     let e = &dev.fragmentation_at_end;
+    // "… sits in holes smaller than the largest request" only when the window had a request.
+    let unusable = if f.largest_request_bytes > 0 {
+        format!(
+            "; {} sits in holes smaller than the largest request ({})",
+            format_bytes(f.unusable_for_largest_request_bytes),
+            format_bytes(f.largest_request_bytes)
+        )
+    } else {
+        String::new()
+    };
     out.push(Block::Para(format!(
-        "Fragmentation at the peak: {} reserved − {} allocated = {} cached in {} holes, largest hole {}; \
-         {} sits in holes smaller than the largest request ({}). At the dump: {} cached in {} holes, largest {}.",
+        "Fragmentation at the peak: {} reserved − {} allocated = {} cached in {}, largest hole {}{unusable}. \
+         At the dump: {} cached in {}, largest {}.",
         format_bytes(f.reserved_bytes),
         format_bytes(f.allocated_bytes),
         format_bytes(f.reserved_unallocated_bytes),
-        f.holes,
+        counted(f.holes, "hole", "holes"),
         format_bytes(f.largest_hole_bytes),
-        format_bytes(f.unusable_for_largest_request_bytes),
-        format_bytes(f.largest_request_bytes),
         format_bytes(e.reserved_unallocated_bytes),
-        e.holes,
+        counted(e.holes, "hole", "holes"),
         format_bytes(e.largest_hole_bytes),
     )));
     // The layout that matters most: at the (first) OOM when there is one, else at the peak.
@@ -652,6 +677,11 @@ fn rank_blocks(report: &Report) -> Vec<Block> {
     ]
 }
 
+/// How a device with no segments and no trace entries is shown, in `report` and `stats` alike.
+pub fn empty_device_line(device: i64) -> String {
+    format!("Device {device}: nothing recorded (no segments, no trace entries).")
+}
+
 /// "device 1 of 3", or "device 0" when the file has one device.
 fn device_of(device: i64, devices: u64) -> String {
     if devices > 1 {
@@ -700,7 +730,18 @@ fn file_headline(path: &str, sum: &FileSummary, devices: &[DeviceReport]) -> Vec
     let fine: Vec<String> = devices
         .iter()
         .filter(|d| d.oom.is_empty())
-        .map(|d| format!("device {} peak {}", d.device, bytes(d.peak.requested_bytes)))
+        .map(|d| {
+            let cut = match d.trace_cut.as_deref() {
+                Some("cut") => " (its trace was cut)",
+                Some(_) => " (its trace did not arrive)",
+                None => "",
+            };
+            format!(
+                "device {} peak {}{cut}",
+                d.device,
+                bytes(d.peak.requested_bytes)
+            )
+        })
         .collect();
     if sum.oom.is_empty() {
         out.push(Block::Para(format!(
@@ -752,12 +793,25 @@ pub fn brief(report: &Report) -> String {
                 device_of(sum.peak_device.unwrap_or(0), sum.devices)
             ),
         };
-        let imbalance = if sum.imbalance.is_some() {
-            " [imbalance]"
-        } else {
-            ""
-        };
-        let _ = writeln!(out, "{}: {line}{imbalance}", f.path);
+        let mut flags = String::new();
+        if sum.imbalance.is_some() {
+            flags.push_str(" [imbalance]");
+        }
+        let cut: Vec<String> = f
+            .devices
+            .iter()
+            .filter_map(|d| {
+                let how = match d.trace_cut.as_deref()? {
+                    "cut" => "cut",
+                    _ => "not reached",
+                };
+                Some(format!("device {} trace {how}", d.device))
+            })
+            .collect();
+        if !cut.is_empty() {
+            let _ = write!(flags, " [salvaged: {}]", cut.join(", "));
+        }
+        let _ = writeln!(out, "{}: {line}{flags}", f.path);
     }
     for u in &report.unreadable {
         let _ = writeln!(out, "{}: could not read: {}", u.path, u.error);
@@ -779,6 +833,11 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         }
         for dev in &file.devices {
             blocks.extend(device_blocks(file, dev, view));
+        }
+        if !file.devices.is_empty() {
+            for d in &file.summary.empty_devices {
+                blocks.push(Block::Para(empty_device_line(*d)));
+            }
         }
     }
     blocks

@@ -254,16 +254,20 @@ fn segment_tooltip(s: &SegmentLayout) -> Vec<String> {
             s.stream
         ),
         format!(
-            "{} allocated in {} blocks ({} requested, {} rounding waste)",
+            "{} allocated in {} ({} requested, {} rounding waste)",
             format_bytes(s.allocated_bytes),
-            s.blocks.iter().filter(|b| b.state.is_active()).count(),
+            crate::units::counted(
+                s.blocks.iter().filter(|b| b.state.is_active()).count() as u64,
+                "block",
+                "blocks"
+            ),
             format_bytes(s.requested_bytes),
             format_bytes(s.internal_waste_bytes)
         ),
         format!(
-            "{} free in {} holes, largest {}",
+            "{} free in {}, largest {}",
             format_bytes(s.free_bytes),
-            s.holes,
+            crate::units::counted(s.holes, "hole", "holes"),
             format_bytes(s.largest_hole_bytes)
         ),
     ]
@@ -715,14 +719,14 @@ fn panel(
         13,
         "",
         &format!(
-            "{moment_text}: {} segments, {} reserved; {} in live blocks ({} requested, {} rounding); {} free in {} holes.",
-            layout.len(),
+            "{moment_text}: {}, {} reserved; {} in live blocks ({} requested, {} rounding); {} free in {}.",
+            crate::units::counted(layout.len() as u64, "segment", "segments"),
             format_bytes(reserved),
             format_bytes(allocated),
             format_bytes(requested),
             format_bytes(waste),
             format_bytes(free),
-            holes
+            crate::units::counted(holes as u64, "hole", "holes")
         ),
     );
     svg::text(

@@ -1281,9 +1281,9 @@ fn panel(
         }
         if !at_peak.is_empty() {
             tip.push(format!(
-                "in the band at the peak: {} in {} allocations, by call site:",
+                "in the band at the peak: {} in {}, by call site:",
                 format_bytes(bytes_at_peak),
-                alive.len()
+                crate::units::counted(alive.len() as u64, "allocation", "allocations")
             ));
             site_lines(&mut tip, &at_peak);
         }

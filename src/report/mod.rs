@@ -120,6 +120,10 @@ pub struct FileSummary {
     pub peak_requested_bytes: i64,
     /// Set when the devices' peaks differ sharply (the rule is in `rule`).
     pub imbalance: Option<Imbalance>,
+    /// Devices with no segments and no trace entries (an empty `device_traces` list only):
+    /// named, not reported.
+    #[serde(default)]
+    pub empty_devices: Vec<i64>,
 }
 
 /// The first OOM of one device, in brief.
@@ -160,6 +164,10 @@ pub struct DeviceReport {
     /// The trace does not start at the beginning of the program (ring buffer overflow or
     /// recording started late): allocations made before it are only partly known.
     pub truncated: bool,
+    /// In a salvaged file (`--salvage`): `cut` when this device's trace was cut (only its first
+    /// entries arrived), `not_reached` when the cut came before it began; absent when whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_cut: Option<String>,
     pub peak: Peak,
     pub peak_allocated: LevelPeak,
     pub peak_reserved: LevelPeak,
