@@ -53,6 +53,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// `n` and the noun in the right number: "1 event", "3 events", "1 entry", "0 entries".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,9 +79,4 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("5 parsecs").is_err());
     }
-}
-
-/// `n` and the noun in the right number: "1 event", "3 events", "1 entry", "0 entries".
-pub fn counted(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }

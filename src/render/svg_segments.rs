@@ -333,13 +333,12 @@ struct Fold {
     members: Vec<usize>,
 }
 
+/// Size, pool kind, pool, stream, holes, free bytes in 32ths of the size, colour.
+type AlikeKey = (u64, u8, Option<(i64, i64)>, u64, u64, u64, String);
+
 /// What makes segments alike in the picture: the same size, pool, stream and number of holes,
 /// free bytes within 1/32 of the size, and the same colour for their largest live block.
-fn alike_key(
-    s: &SegmentLayout,
-    infos: &FxHashMap<u64, BlockInfo>,
-    colours: &Colours,
-) -> (u64, u8, Option<(i64, i64)>, u64, u64, u64, String) {
+fn alike_key(s: &SegmentLayout, infos: &FxHashMap<u64, BlockInfo>, colours: &Colours) -> AlikeKey {
     let kind = match s.pool_kind {
         PoolKind::Small => 0,
         PoolKind::Large => 1,
@@ -896,7 +895,7 @@ fn panel(
             format_bytes(requested),
             format_bytes(waste),
             format_bytes(free),
-            crate::units::counted(holes as u64, "hole", "holes")
+            crate::units::counted(holes, "hole", "holes")
         ),
     );
     svg::text_fit(
