@@ -83,6 +83,15 @@ pub enum Command {
         /// the rest in `live_at_peak_omitted` / `segments_omitted`).
         #[arg(long)]
         full: bool,
+        /// One line per file: the device that ran out of memory, the failing call site and
+        /// roughly how much must be freed for the request to fit (or the peak when there was no
+        /// OOM); unreadable inputs get a line too.
+        #[arg(long, conflicts_with_all = ["format", "full", "svg", "stacks"])]
+        brief: bool,
+        /// The files are the ranks of one job even without rank numbers in their names: flag
+        /// outliers in the cross-file table.
+        #[arg(long)]
+        ranks: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -240,7 +249,7 @@ pub enum Command {
     /// many nodes, without the snapshots: each node runs `snapscan report --format json` on its
     /// own snapshot, and merge combines the small reports.
     #[command(
-        after_help = "Examples:\n  snapscan report --format json /scratch/snap_rank$RANK.pickle > reports/rank$RANK.json   # on every node\n  snapscan merge reports/*.json\n  snapscan merge --format markdown 'reports/*.json' > ranks.md\nRanks come from the snapshot names (rank3.pickle), else from the report names (rank3.json).\nExit codes: 0 = merged; 2 = a report could not be read."
+        after_help = "Examples:\n  snapscan report --format json /scratch/snap_rank$RANK.pickle > reports/rank$RANK.json   # on every node\n  snapscan merge reports/*.json\n  snapscan merge --format markdown 'reports/*.json' > ranks.md\nRanks come from the snapshot names (rank3.pickle), else from the report names (rank3.json).\nExit codes: 0 = merged; 2 = a report could not be read (the others are merged; it is a row with its error)."
     )]
     Merge {
         /// JSON reports, directories or glob patterns (`-` for stdin).
@@ -251,6 +260,10 @@ pub enum Command {
         /// Write to this file instead of stdout.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// The reports are the ranks of one job even without rank numbers in their names: flag
+        /// outliers.
+        #[arg(long)]
+        ranks: bool,
     },
     /// Shell completion script, printed to stdout.
     #[command(
@@ -353,6 +366,8 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             svg,
             salvage,
             full,
+            brief,
+            ranks,
         } => {
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
@@ -366,7 +381,8 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             };
             let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
             timer.lap("analysis");
-            let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
+            let ranks = (reports.len() + unreadable.len() > 1)
+                .then(|| analysis::report::rank_table(&reports, &unreadable, ranks));
             let report = crate::report::Report {
                 schema_version: SCHEMA_VERSION,
                 files: reports,
@@ -389,6 +405,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 None => Vec::new(),
             };
             let mut bytes = match format {
+                _ if brief => crate::render::report_text::brief(&report).into_bytes(),
                 Format::Json => {
                     let mut report = report;
                     if !full {
@@ -417,7 +434,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                     );
                 }
             }
-            if format != Format::Json {
+            if format != Format::Json && !brief {
                 bytes.extend(unreadable_lines.bytes());
             }
             Ok(Outcome {
@@ -556,12 +573,16 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             reports,
             format,
             output,
+            ranks,
         } => {
             let paths = crate::input::expand_inputs(&reports)?;
             if paths.is_empty() {
                 anyhow::bail!("no JSON report found in {}", display_paths(&reports));
             }
-            let merged = analysis::merge::merge_files(&paths)?;
+            let merged = analysis::merge::merge_files(&paths, ranks)?;
+            for u in &merged.unreadable {
+                eprintln!("snapscan: error: {}", u.error);
+            }
             let color = output.is_none() && crate::render::style::stdout_allows_color();
             let bytes = match format {
                 Format::Json => crate::render::json(&merged),
@@ -571,7 +592,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             Ok(Outcome {
                 output: bytes,
                 target: output,
-                code: 0,
+                code: if merged.unreadable.is_empty() { 0 } else { 2 },
             })
         }
         Command::Completions { shell } => {

@@ -137,13 +137,14 @@ impl<R: Read> Read for Counting<'_, R> {
     }
 }
 
-/// Decompresses all of `src` with `decoder`, showing the compressed bytes consumed.
+/// Decompresses all of `src` with `decoder`, showing the compressed bytes consumed. On a
+/// corrupt or cut stream: the error, and what was decompressed before it.
 fn decompress<'a, D: Read>(
     make: impl FnOnce(Counting<'a, &'a [u8]>) -> Result<D, String>,
     src: &'a [u8],
     progress: &'a mut Loading,
     decoded: &'a std::cell::Cell<u64>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, (String, Vec<u8>)> {
     progress.phase("decompressing", Some(src.len() as u64));
     let counting = Counting {
         inner: src,
@@ -152,11 +153,14 @@ fn decompress<'a, D: Read>(
         progress,
         decoded: Some(decoded),
     };
-    let mut decoder = make(counting)?;
+    let mut decoder = make(counting).map_err(|e| (e, Vec::new()))?;
     let mut out = Vec::new();
     let mut chunk = vec![0u8; 1 << 20];
     loop {
-        let n = decoder.read(&mut chunk).map_err(|e| e.to_string())?;
+        let n = match decoder.read(&mut chunk) {
+            Ok(n) => n,
+            Err(e) => return Err((e.to_string(), out)),
+        };
         if n == 0 {
             return Ok(out);
         }
@@ -170,6 +174,17 @@ pub fn read_input_with(
     path: &Path,
     progress: &mut Loading,
 ) -> Result<(InputBytes, Compression), InputError> {
+    read_input_salvage(path, progress, false).map(|(bytes, compression, _)| (bytes, compression))
+}
+
+/// [`read_input_with`] that, with `salvage`, keeps what a cut or corrupt gzip/zstd stream
+/// decompressed to before it broke instead of failing: the third value then says what happened
+/// (`None`: the stream was whole).
+pub fn read_input_salvage(
+    path: &Path,
+    progress: &mut Loading,
+    salvage: bool,
+) -> Result<(InputBytes, Compression, Option<String>), InputError> {
     let name = display_name(path);
     let io_err = |error| InputError::Io {
         path: name.clone(),
@@ -216,37 +231,127 @@ pub fn read_input_with(
     };
     progress.note_size(raw.len() as u64);
     let decoded = std::cell::Cell::new(0u64);
-    if raw.starts_with(GZIP_MAGIC) {
-        let out = decompress(
-            |r| Ok(flate2::read::MultiGzDecoder::new(r)),
-            &raw,
-            progress,
-            &decoded,
-        )
-        .map_err(|e| InputError::Format {
-            path: name.clone(),
-            message: format!("gzip data is corrupt: {e}"),
-        })?;
+    for (magic, compression, what) in [
+        (GZIP_MAGIC, Compression::Gzip, "gzip"),
+        (ZSTD_MAGIC, Compression::Zstd, "zstd"),
+    ] {
+        if !raw.starts_with(magic) {
+            continue;
+        }
+        let result = match compression {
+            Compression::Gzip => decompress(
+                |r| Ok(flate2::read::MultiGzDecoder::new(r)),
+                &raw,
+                progress,
+                &decoded,
+            ),
+            _ => decompress(
+                |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
+                &raw,
+                progress,
+                &decoded,
+            ),
+        };
+        let (out, cut) = match result {
+            Ok(out) => (out, None),
+            // A zstd decoder keeps its last window (up to megabytes) until the frame ends, so
+            // a cut frame is closed after its last complete block and decoded again.
+            Err((e, partial)) if salvage && compression == Compression::Zstd => {
+                let closed = zstd_complete_blocks(&raw).and_then(|frame| {
+                    let cell = std::cell::Cell::new(0u64);
+                    let mut hidden = Loading::hidden();
+                    decompress(
+                        |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
+                        &frame,
+                        &mut hidden,
+                        &cell,
+                    )
+                    .ok()
+                });
+                match closed {
+                    Some(out) if out.len() > partial.len() => {
+                        let note = format!(
+                            "the zstd stream breaks off ({e}): decompressed the {} bytes of its \
+                             complete blocks",
+                            out.len()
+                        );
+                        (out, Some(note))
+                    }
+                    _ if !partial.is_empty() => {
+                        let note = format!(
+                            "the zstd stream breaks off ({e}): decompressed the {} bytes that \
+                             arrived",
+                            partial.len()
+                        );
+                        (partial, Some(note))
+                    }
+                    _ => {
+                        return Err(InputError::Format {
+                            path: name.clone(),
+                            message: format!("zstd data is corrupt: {e}"),
+                        })
+                    }
+                }
+            }
+            Err((e, partial)) if salvage && !partial.is_empty() => {
+                let note = format!(
+                    "the {what} stream breaks off ({e}): decompressed the {} bytes that arrived",
+                    partial.len()
+                );
+                (partial, Some(note))
+            }
+            Err((e, _)) => {
+                return Err(InputError::Format {
+                    path: name.clone(),
+                    message: format!("{what} data is corrupt: {e}"),
+                })
+            }
+        };
         // The phases after this one work on the decompressed bytes.
         progress.note_size(out.len() as u64);
-        return Ok((InputBytes::Owned(out), Compression::Gzip));
+        return Ok((InputBytes::Owned(out), compression, cut));
     }
-    if raw.starts_with(ZSTD_MAGIC) {
-        let out = decompress(
-            |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
-            &raw,
-            progress,
-            &decoded,
-        )
-        .map_err(|e| InputError::Format {
-            path: name.clone(),
-            message: format!("zstd data is corrupt: {e}"),
-        })?;
-        // The phases after this one work on the decompressed bytes.
-        progress.note_size(out.len() as u64);
-        return Ok((InputBytes::Owned(out), Compression::Zstd));
+    Ok((raw, Compression::None, None))
+}
+
+/// The first zstd frame of `src` cut after its last complete block, that block marked as the
+/// last one and the checksum flag cleared, so that a decoder gives out everything up to it:
+/// what a cut `.zst` holds. `None` when no block is complete.
+fn zstd_complete_blocks(src: &[u8]) -> Option<Vec<u8>> {
+    let descriptor = *src.get(4)?;
+    let single_segment = descriptor & 0x20 != 0;
+    let dict_id_bytes = [0, 1, 2, 4][usize::from(descriptor & 3)];
+    let content_size_bytes = match descriptor >> 6 {
+        0 => usize::from(single_segment),
+        1 => 2,
+        2 => 4,
+        _ => 8,
+    };
+    let mut pos = 5 + usize::from(!single_segment) + dict_id_bytes + content_size_bytes;
+    let mut last_complete = None;
+    while let Some(h) = src.get(pos..pos + 3) {
+        let header = u32::from(h[0]) | u32::from(h[1]) << 8 | u32::from(h[2]) << 16;
+        let size = (header >> 3) as usize;
+        let content = match (header >> 1) & 3 {
+            0 | 2 => size,
+            1 => 1,
+            _ => return None,
+        };
+        let end = pos + 3 + content;
+        if end > src.len() {
+            break;
+        }
+        last_complete = Some((pos, end));
+        if header & 1 != 0 {
+            break;
+        }
+        pos = end;
     }
-    Ok((raw, Compression::None))
+    let (header_at, end) = last_complete?;
+    let mut frame = src[..end].to_vec();
+    frame[4] &= !0x04;
+    frame[header_at] |= 1;
+    Some(frame)
 }
 
 /// Decodes the bytes of an input as a pickle or as JSON, with a clear message for inputs that

@@ -247,8 +247,8 @@ pub fn advise(
         out.push(advice(
             "Record more history: torch.cuda.memory._record_memory_history(max_entries=…) larger than now",
             format!(
-                "the trace starts mid-run ({} frees of earlier allocations), so what happened before the window is only partly known",
-                dev.window.unmatched_frees
+                "the trace starts mid-run ({} of earlier allocations), so what happened before the window is only partly known",
+                crate::units::counted(dev.window.unmatched_frees, "free", "frees")
             ),
             None,
             "each entry costs host memory while recording (hundreds of bytes with stacks)",

@@ -6,9 +6,9 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::Deserialize;
 
-use super::report::{rank_from_name, rank_row, rank_table_from_rows};
+use super::report::{rank_from_name, rank_row, rank_table_from_rows, unreadable_row, RankDevice};
 use crate::input::{display_name, read_input, InputError};
-use crate::report::{FileReport, MergeReport, RankRow, Report, SCHEMA_VERSION};
+use crate::report::{FileReport, MergeReport, RankRow, Report, Unreadable, SCHEMA_VERSION};
 
 /// The few fields of a report that the rank table needs. Everything else is skipped, so reports
 /// written by other versions of snapscan (same `schema_version`, other fields) merge, and
@@ -21,7 +21,11 @@ struct SlimFile {
 
 #[derive(Deserialize)]
 struct SlimDevice {
+    #[serde(default)]
+    device: i64,
     peak: SlimPeak,
+    #[serde(default)]
+    peak_reserved: SlimLevel,
     #[serde(rename = "final")]
     final_state: SlimFinal,
     oom: Vec<serde::de::IgnoredAny>,
@@ -30,6 +34,13 @@ struct SlimDevice {
 #[derive(Deserialize)]
 struct SlimPeak {
     requested_bytes: i64,
+    #[serde(default)]
+    reserved_bytes: i64,
+}
+
+#[derive(Default, Deserialize)]
+struct SlimLevel {
+    bytes: i64,
 }
 
 #[derive(Deserialize)]
@@ -70,21 +81,28 @@ pub fn read_report_rows(path: &Path) -> Result<Vec<RankRow>, InputError> {
             path: display_name(path),
             message: format!("not a `snapscan report --format json` output: {e}"),
         })?;
-    Ok(files
+    let unreadable: Vec<Unreadable> =
+        serde_json::from_value(value["unreadable"].take()).unwrap_or_default();
+    let mut rows: Vec<RankRow> = files
         .iter()
         .map(|f| {
             rank_row(
                 &f.path,
-                f.devices.iter().map(|d| {
-                    (
-                        d.peak.requested_bytes,
-                        d.final_state.reserved_bytes,
-                        !d.oom.is_empty(),
-                    )
+                f.devices.iter().map(|d| RankDevice {
+                    device: d.device,
+                    peak_requested_bytes: d.peak.requested_bytes,
+                    reserved_at_peak_bytes: d.peak.reserved_bytes,
+                    max_reserved_bytes: (d.peak_reserved.bytes.max(0) as u64)
+                        .max(d.final_state.reserved_bytes),
+                    final_reserved_bytes: d.final_state.reserved_bytes,
+                    oom: !d.oom.is_empty(),
                 }),
             )
         })
-        .collect())
+        .collect();
+    // Inputs the node's own report could not read stay rows of the table.
+    rows.extend(unreadable.iter().map(|u| unreadable_row(&u.path, &u.error)));
+    Ok(rows)
 }
 
 /// Reads the files of one JSON report written by `snapscan report --format json`, in full (for
@@ -100,21 +118,40 @@ pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
     Ok(report.files)
 }
 
-/// Reads every report in parallel (in the order given) and builds the table.
-pub fn merge_files(paths: &[std::path::PathBuf]) -> Result<MergeReport, InputError> {
+/// Reads every report in parallel (in the order given) and builds the table; a report that
+/// cannot be read is a row of its own (with its error) and is listed in `unreadable`. An error
+/// only when no report could be read. `ranks`: the inputs are ranks of one job (`--ranks`).
+pub fn merge_files(paths: &[std::path::PathBuf], ranks: bool) -> Result<MergeReport, InputError> {
     let read: Vec<_> = paths.par_iter().map(|p| read_report_rows(p)).collect();
-    let mut inputs = Vec::with_capacity(paths.len());
-    for (p, r) in paths.iter().zip(read) {
-        inputs.push((display_name(p), r?));
+    if read.iter().all(Result::is_err) {
+        if let Some(Err(e)) = read.into_iter().next() {
+            return Err(e);
+        }
+        return Ok(merge(Vec::new(), ranks));
     }
-    Ok(merge(inputs))
+    let mut inputs = Vec::with_capacity(paths.len());
+    let mut unreadable = Vec::new();
+    for (p, r) in paths.iter().zip(read) {
+        let name = display_name(p);
+        match r {
+            Ok(rows) => inputs.push((name, rows)),
+            Err(e) => {
+                let error = e.to_string();
+                inputs.push((name.clone(), vec![unreadable_row(&name, &error)]));
+                unreadable.push(Unreadable { path: name, error });
+            }
+        }
+    }
+    let mut m = merge(inputs, ranks);
+    m.unreadable = unreadable;
+    Ok(m)
 }
 
 /// The cross-rank table of the rows of several reports (`(report name, rows)`). Ranks come from
 /// the snapshot names (`rank3.pickle`), else from the report's name (`reports/rank3.json`) when
 /// it holds one file. Snapshot paths that occur in several reports (every node wrote
 /// `snapshot.pickle`) are shown as `REPORT: PATH`. Rows are ordered by rank, then path.
-pub fn merge(inputs: Vec<(String, Vec<RankRow>)>) -> MergeReport {
+pub fn merge(inputs: Vec<(String, Vec<RankRow>)>, ranks: bool) -> MergeReport {
     let mut seen = std::collections::HashMap::<String, usize>::new();
     for (_, rows) in &inputs {
         for r in rows {
@@ -135,7 +172,7 @@ pub fn merge(inputs: Vec<(String, Vec<RankRow>)>) -> MergeReport {
             rows.push(r);
         }
     }
-    let mut table = rank_table_from_rows(rows);
+    let mut table = rank_table_from_rows(rows, ranks);
     table.rows.sort_by(|a, b| {
         (a.rank.is_none(), a.rank, &a.path).cmp(&(b.rank.is_none(), b.rank, &b.path))
     });
@@ -143,6 +180,7 @@ pub fn merge(inputs: Vec<(String, Vec<RankRow>)>) -> MergeReport {
         schema_version: SCHEMA_VERSION,
         inputs: names,
         ranks: table,
+        unreadable: Vec::new(),
     }
 }
 
@@ -151,25 +189,36 @@ mod tests {
     use super::*;
 
     fn row(path: &str, peak: i64) -> RankRow {
-        rank_row(path, [(peak, 10, false)].into_iter())
+        rank_row(
+            path,
+            [RankDevice {
+                peak_requested_bytes: peak,
+                final_reserved_bytes: 10,
+                ..Default::default()
+            }]
+            .into_iter(),
+        )
     }
 
     #[test]
     fn ranks_fall_back_to_the_report_name_and_clashing_paths_get_it_as_prefix() {
-        let m = merge(vec![
-            (
-                "reports/rank1.json".into(),
-                vec![row("snapshot.pickle", 100)],
-            ),
-            (
-                "reports/rank0.json".into(),
-                vec![row("snapshot.pickle", 100)],
-            ),
-            (
-                "reports/other.json".into(),
-                vec![row("run_rank2.pickle", 200)],
-            ),
-        ]);
+        let m = merge(
+            vec![
+                (
+                    "reports/rank1.json".into(),
+                    vec![row("snapshot.pickle", 100)],
+                ),
+                (
+                    "reports/rank0.json".into(),
+                    vec![row("snapshot.pickle", 100)],
+                ),
+                (
+                    "reports/other.json".into(),
+                    vec![row("run_rank2.pickle", 200)],
+                ),
+            ],
+            false,
+        );
         let got: Vec<(Option<u64>, &str)> = m
             .ranks
             .rows

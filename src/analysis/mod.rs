@@ -5,6 +5,7 @@ pub mod callsite;
 pub mod category;
 pub mod check;
 pub mod diff;
+pub mod headline;
 pub mod layout;
 pub mod merge;
 pub mod phase;

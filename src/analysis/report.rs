@@ -600,33 +600,56 @@ fn device_report_with(
     if let Some(s) = &snapshot.salvaged {
         notes.push(s.describe(snapshot));
     }
-    if trace.is_empty() {
-        notes.push(
+    let trace_cut = snapshot
+        .salvaged
+        .as_ref()
+        .and_then(|s| s.trace_cut(snapshot, device));
+    match trace_cut {
+        Some(crate::snapshot::TraceCut::Cut) => notes.push(format!(
+            "this device's trace was cut after {} (the file was salvaged): what happened \
+             later, an OOM included, is not in the report",
+            crate::units::counted(trace.len() as u64, "entry", "entries")
+        )),
+        Some(crate::snapshot::TraceCut::NotReached) => notes.push(
+            "this device's trace was cut off before it began (the file was salvaged), so the \
+             peak is the dump's own state; the trace may have held an OOM"
+                .to_owned(),
+        ),
+        None if trace.is_empty() => notes.push(
             "no trace entries for this device: memory history was not recorded \
              (torch.cuda.memory._record_memory_history), so the peak is the dump's own state"
                 .to_owned(),
-        );
+        ),
+        None => {}
     }
     if truncated {
         notes.push(format!(
-            "the trace starts mid-run: {} frees of allocations made before the first event; \
+            "the trace starts mid-run: {} of allocations made before the first event; \
              either the ring buffer overflowed (raise max_entries in _record_memory_history) or \
              recording started late",
-            replay.window.unmatched_frees
+            crate::units::counted(replay.window.unmatched_frees, "free", "frees")
         ));
+    }
+    let dump = final_state(snapshot.segments_of(device));
+    if let Some(note) = cached_remark(&dump) {
+        notes.push(note);
     }
     if replay.window.lost_frees > 0 {
         notes.push(format!(
-            "{} allocations reused an address that was never freed in the trace (frees were \
-             skipped or lost); the old allocation was closed at the reuse",
-            replay.window.lost_frees
+            "{} an address that was never freed in the trace (frees were skipped or lost); the \
+             old allocation was closed at the reuse",
+            match replay.window.lost_frees {
+                1 => "1 allocation reused".to_owned(),
+                n => format!("{n} allocations reused"),
+            }
         ));
     }
     if replay.window.uncounted_pending_blocks > 0 {
         notes.push(format!(
-            "{} blocks ({} bytes) were pending free at the dump with no allocation in the trace; \
-             they are not counted in the curves (as in memory_viz)",
-            replay.window.uncounted_pending_blocks, replay.window.uncounted_pending_bytes
+            "{} ({} bytes) pending free at the dump with no allocation in the trace; not \
+             counted in the curves (as in memory_viz)",
+            crate::units::counted(replay.window.uncounted_pending_blocks, "block", "blocks"),
+            replay.window.uncounted_pending_bytes
         ));
     }
 
@@ -694,7 +717,7 @@ fn device_report_with(
 
     let mut report = DeviceReport {
         device,
-        final_state: final_state(snapshot.segments_of(device)),
+        final_state: dump,
         window: Window {
             events: trace.len() as u64,
             first_time_us: first_time,
@@ -712,6 +735,7 @@ fn device_report_with(
             reserved_at_start_bytes: replay.reserved.start,
         },
         truncated,
+        trace_cut: trace_cut.map(|c| c.name().to_owned()),
         peak: Peak {
             requested_bytes: peak_requested,
             allocated_bytes: replay.allocated.at(peak_event),
@@ -807,23 +831,51 @@ fn step_summaries(replay: &DeviceReplay, phases: &Phases) -> Vec<StepSummary> {
     out
 }
 
+/// The dump holds at least this share of its reserved bytes cached and unallocated …
+const CACHED_SHARE: f64 = 0.5;
+/// … and at least this many bytes, for the report to remark on it.
+const CACHED_MIN_BYTES: u64 = 256 << 20;
+
+/// A remark when most of the reserved memory at the dump is cached and unused.
+fn cached_remark(dump: &FinalState) -> Option<String> {
+    let cached = dump.reserved_bytes.saturating_sub(dump.allocated_bytes);
+    let share = cached as f64 / dump.reserved_bytes.max(1) as f64;
+    (cached >= CACHED_MIN_BYTES && share >= CACHED_SHARE).then(|| {
+        format!(
+            "most of the reserved memory is cached and unused: {} reserved, {} allocated at the \
+             dump, so {} ({:.0}%) is held by PyTorch's caching allocator for reuse; nvidia-smi \
+             counts it as used and other processes cannot have it \
+             (torch.cuda.empty_cache() gives it back)",
+            crate::units::format_bytes(dump.reserved_bytes),
+            crate::units::format_bytes(dump.allocated_bytes),
+            crate::units::format_bytes(cached),
+            share * 100.0
+        )
+    })
+}
+
 pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileReport {
     let snapshot = &loaded.snapshot;
-    let devices: Vec<i64> = snapshot
+    let (devices, empty): (Vec<i64>, Vec<i64>) = snapshot
         .devices()
         .into_iter()
         .filter(|d| options.device.is_none_or(|want| want == *d))
-        // A device with neither segments nor trace has nothing to report.
-        .filter(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some())
+        // A device with neither segments nor trace has nothing to report: it is named in one
+        // line (`summary.empty_devices`), the same way in every file.
+        .partition(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some());
+    let devices: Vec<DeviceReport> = devices
+        .par_iter()
+        .map(|&d| device_report(snapshot, d, options))
         .collect();
     FileReport {
         path: loaded.name.clone(),
         stacks_recorded: snapshot.has_stacks(),
         allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
-        devices: devices
-            .par_iter()
-            .map(|&d| device_report(snapshot, d, options))
-            .collect(),
+        summary: FileSummary {
+            empty_devices: empty,
+            ..super::headline::file_summary(&devices)
+        },
+        devices,
     }
 }
 
@@ -839,10 +891,40 @@ pub fn rank_from_name(path: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// One row of the cross-file table from per-device figures `(peak requested bytes, reserved bytes
-/// at the dump, had an OOM)`: the highest peak, the summed reserved bytes, any OOM. The outlier
-/// flag is set by [`rank_table_from_rows`].
-pub fn rank_row(path: &str, devices: impl Iterator<Item = (i64, u64, bool)>) -> RankRow {
+/// The figures of one device that the cross-file table needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RankDevice {
+    pub device: i64,
+    /// Peak of requested bytes.
+    pub peak_requested_bytes: i64,
+    /// Reserved bytes at that peak.
+    pub reserved_at_peak_bytes: i64,
+    /// Highest reserved bytes of the device (over the trace, or the dump when higher).
+    pub max_reserved_bytes: u64,
+    /// Reserved bytes at the dump.
+    pub final_reserved_bytes: u64,
+    pub oom: bool,
+}
+
+impl RankDevice {
+    pub fn of(d: &DeviceReport) -> RankDevice {
+        RankDevice {
+            device: d.device,
+            peak_requested_bytes: d.peak.requested_bytes,
+            reserved_at_peak_bytes: d.peak.reserved_bytes,
+            max_reserved_bytes: (d.peak_reserved.bytes.max(0) as u64)
+                .max(d.final_state.reserved_bytes),
+            final_reserved_bytes: d.final_state.reserved_bytes,
+            oom: !d.oom.is_empty(),
+        }
+    }
+}
+
+/// One row of the cross-file table: the device with the highest peak, its peak and the reserved
+/// bytes at that same moment, the highest reserved bytes of any device, and whether any device
+/// ran out of memory (`reserved_bytes` keeps its old meaning: the dump's reserved bytes summed
+/// over the devices). The outlier flag is set by [`rank_table_from_rows`].
+pub fn rank_row(path: &str, devices: impl Iterator<Item = RankDevice>) -> RankRow {
     let mut row = RankRow {
         path: path.to_owned(),
         rank: rank_from_name(path),
@@ -850,58 +932,88 @@ pub fn rank_row(path: &str, devices: impl Iterator<Item = (i64, u64, bool)>) -> 
         reserved_bytes: 0,
         oom: false,
         outlier: false,
+        peak_device: None,
+        reserved_at_peak_bytes: 0,
+        max_reserved_bytes: 0,
+        error: None,
     };
-    let mut peak = None;
-    for (p, reserved, oom) in devices {
-        peak = Some(peak.map_or(p, |q: i64| q.max(p)));
-        row.reserved_bytes = row.reserved_bytes.saturating_add(reserved);
-        row.oom |= oom;
+    for d in devices {
+        if row.peak_device.is_none() || d.peak_requested_bytes > row.peak_requested_bytes {
+            row.peak_device = Some(d.device);
+            row.peak_requested_bytes = d.peak_requested_bytes;
+            row.reserved_at_peak_bytes = d.reserved_at_peak_bytes.max(0) as u64;
+        }
+        row.max_reserved_bytes = row.max_reserved_bytes.max(d.max_reserved_bytes);
+        row.reserved_bytes = row.reserved_bytes.saturating_add(d.final_reserved_bytes);
+        row.oom |= d.oom;
     }
-    row.peak_requested_bytes = peak.unwrap_or(0);
     row
 }
 
-/// The cross-file table: peak per file, with outliers (peak ≥ 1.2× or ≤ 0.8× the median).
-pub fn rank_table(files: &[FileReport]) -> RankTable {
-    rank_table_from_rows(
-        files
-            .iter()
-            .map(|f| {
-                rank_row(
-                    &f.path,
-                    f.devices.iter().map(|d| {
-                        (
-                            d.peak.requested_bytes,
-                            d.final_state.reserved_bytes,
-                            !d.oom.is_empty(),
-                        )
-                    }),
-                )
-            })
-            .collect(),
+/// The row of an input that could not be read.
+pub fn unreadable_row(path: &str, error: &str) -> RankRow {
+    let mut row = rank_row(path, std::iter::empty());
+    row.error = Some(error.to_owned());
+    row
+}
+
+/// The cross-file table of `report`: one row per file, then one per unreadable input; outliers
+/// only when the files are ranks of one job (`ranks`: the user said so with `--ranks`).
+pub fn rank_table(files: &[FileReport], unreadable: &[Unreadable], ranks: bool) -> RankTable {
+    let mut rows: Vec<RankRow> = files
+        .iter()
+        .map(|f| rank_row(&f.path, f.devices.iter().map(RankDevice::of)))
+        .collect();
+    rows.extend(unreadable.iter().map(|u| unreadable_row(&u.path, &u.error)));
+    rank_table_from_rows(rows, ranks)
+}
+
+/// Peaks this far from the median (as a fraction of it) flag a rank as an outlier.
+pub const OUTLIER_DEVIATION: f64 = 0.2;
+
+/// The outlier rule, in words (printed under the table and stored with it).
+pub fn outlier_rule() -> String {
+    format!(
+        "a rank is an outlier when its peak is ≥ {:.1}× or ≤ {:.1}× the median peak of the \
+         readable ranks; only among {} ranks or more of one job (a rank number in every file \
+         name, or --ranks)",
+        1.0 + OUTLIER_DEVIATION,
+        1.0 - OUTLIER_DEVIATION,
+        MIN_RANKS
     )
 }
 
 /// [`rank_table`] from rows made elsewhere (`merge` reads them from JSON reports): the median
-/// and the outliers.
-pub fn rank_table_from_rows(mut rows: Vec<RankRow>) -> RankTable {
-    let mut peaks: Vec<i64> = rows.iter().map(|r| r.peak_requested_bytes).collect();
+/// of the readable rows and, when they are ranks of one job, the outliers.
+pub fn rank_table_from_rows(mut rows: Vec<RankRow>, ranks: bool) -> RankTable {
+    let readable = || rows.iter().filter(|r| r.error.is_none());
+    let mut peaks: Vec<i64> = readable().map(|r| r.peak_requested_bytes).collect();
     peaks.sort_unstable();
     let median = peaks.get(peaks.len() / 2).copied().unwrap_or(0);
-    let several = rows_len_ok(rows.len());
+    let one_job = ranks || readable().all(|r| r.rank.is_some());
+    let several = rows_len_ok(peaks.len());
     for r in &mut rows {
         let p = r.peak_requested_bytes as f64;
         let m = median as f64;
-        r.outlier = several && m > 0.0 && (p >= 1.2 * m || p <= 0.8 * m);
+        r.outlier = one_job
+            && several
+            && r.error.is_none()
+            && m > 0.0
+            && (p >= (1.0 + OUTLIER_DEVIATION) * m || p <= (1.0 - OUTLIER_DEVIATION) * m);
     }
     RankTable {
         rows,
         median_peak_requested_bytes: median,
+        ranks_of_one_job: one_job,
+        outlier_rule: outlier_rule(),
     }
 }
 
+/// Fewest readable ranks for outliers to mean anything.
+const MIN_RANKS: usize = 3;
+
 fn rows_len_ok(n: usize) -> bool {
-    n >= 3
+    n >= MIN_RANKS
 }
 
 #[cfg(test)]

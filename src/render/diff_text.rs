@@ -71,7 +71,19 @@ fn headline(d: &DeviceDiff) -> (String, Option<Tone>) {
         x if x < 0 => "shrank",
         _ => "unchanged",
     };
-    let line = if p.delta == 0 {
+    let line = if !(d.in_base && d.in_new) {
+        // Only one run has the device: nothing to compare, never "unchanged".
+        let (figure, other) = if d.in_new {
+            (p.new, "the base run")
+        } else {
+            (p.base, "the new run")
+        };
+        format!(
+            "Device {}{presence}: peak {}; {other} has no such device, so nothing to compare.",
+            d.device,
+            bytes(figure)
+        )
+    } else if p.delta == 0 {
         format!(
             "Device {}{presence}: peak {}, {verdict}.",
             d.device,
@@ -115,8 +127,10 @@ fn oom_line(d: &DeviceDiff) -> Option<(String, Tone)> {
         )),
         "still" => Some((
             format!(
-                "Device {}: OOM in both runs ({} → {} events{verdict}).",
-                d.device, d.oom.base, d.oom.new
+                "Device {}: OOM in both runs ({} → {}{verdict}).",
+                d.device,
+                d.oom.base,
+                crate::units::counted(d.oom.new, "event", "events")
             ),
             Tone::Bad,
         )),

@@ -1,6 +1,7 @@
 //! `snapscan merge`: the cross-rank table as terminal text and Markdown.
 
 use super::blocks::{self, code, left, right, Block, Cell};
+use super::report_text::{outlier_note, RANK_COLUMNS_NOTE};
 use super::style::Tone;
 use crate::report::MergeReport;
 use crate::units::{format_bytes, format_bytes_signed};
@@ -58,18 +59,25 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
     ));
     out.push(Block::Para(
         format!(
-            "Outliers (peak ≥ 1.2× or ≤ 0.8× the median; with 3 files or more): {}.",
-            rank_list(outliers.clone())
+            "Outliers: {}.",
+            if t.ranks_of_one_job {
+                rank_list(outliers.clone())
+            } else {
+                "not flagged".to_owned()
+            }
         ),
         (!outliers.is_empty()).then_some(Tone::Bad),
     ));
+    let dash = || Cell::from("-".to_owned());
     out.push(Block::Table {
-        title: None,
+        title: Some(format!("Columns: {RANK_COLUMNS_NOTE}")),
         columns: vec![
             right("rank"),
+            right("device"),
             right("peak"),
             right("vs median"),
-            right("reserved"),
+            right("reserved at peak"),
+            right("max reserved"),
             left("OOM"),
             left("outlier"),
             code("file"),
@@ -78,8 +86,27 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
             .rows
             .iter()
             .map(|r| {
+                let rank = Cell::from(r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()));
+                if let Some(e) = &r.error {
+                    return vec![
+                        rank,
+                        dash(),
+                        dash(),
+                        dash(),
+                        dash(),
+                        dash(),
+                        Cell::toned("unreadable", Some(Tone::Bad)),
+                        Cell::from(String::new()),
+                        Cell::from(e.clone()),
+                    ];
+                }
                 vec![
-                    Cell::from(r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into())),
+                    rank,
+                    Cell::from(
+                        r.peak_device
+                            .map(|d| d.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                    ),
                     Cell::from(bytes(r.peak_requested_bytes)),
                     Cell::from(if median > 0 {
                         format!(
@@ -89,7 +116,8 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
                     } else {
                         "-".to_owned()
                     }),
-                    Cell::from(format_bytes(r.reserved_bytes)),
+                    Cell::from(format_bytes(r.reserved_at_peak_bytes)),
+                    Cell::from(format_bytes(r.max_reserved_bytes)),
                     Cell::toned(if r.oom { "yes" } else { "no" }, r.oom.then_some(Tone::Bad)),
                     Cell::toned(
                         if r.outlier { "OUTLIER" } else { "" },
@@ -100,6 +128,7 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
             })
             .collect(),
     });
+    out.push(Block::Para(outlier_note(t), None));
     out
 }
 

@@ -4,9 +4,10 @@
 use std::fmt::Write;
 
 use crate::report::{
-    CallSiteBytes, DeviceReport, FileReport, LiveAllocation, Oom, Report, SegmentReport,
+    CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, Oom, OomHeadline, Report,
+    SegmentReport,
 };
-use crate::units::format_bytes;
+use crate::units::{counted, format_bytes};
 
 /// What the reader asked to see.
 #[derive(Clone, Copy, Debug)]
@@ -249,9 +250,9 @@ fn segment_table(moment: &str, segments: &[SegmentReport], view: &View) -> Optio
     });
     Some(Block::Table {
         title: format!(
-            "Segments with the most free space at {moment} (top {} of {} segments with holes)",
+            "Segments with the most free space at {moment} (top {} of {} with holes)",
             segs.len().min(view.top),
-            segs.len()
+            counted(segs.len() as u64, "segment", "segments")
         ),
         header: vec![
             "segment",
@@ -300,16 +301,23 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
 
     // 1. The verdict.
     if dev.oom.is_empty() {
+        let none = match dev.trace_cut.as_deref() {
+            Some("cut") => "No OOM in the part of the trace that arrived (the trace was cut).",
+            Some(_) => "No trace arrived (the file was cut before it): no OOM can be told.",
+            None => "No OOM recorded.",
+        };
         let mut s = format!(
-            "No OOM recorded. Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
+            "{none} Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
             in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
             when(dev, dev.peak.event_index, dev.peak.time_us),
             bytes(dev.peak.reserved_bytes),
         );
-        if dev.window.events == 0 {
+        if dev.window.events == 0 && dev.trace_cut.is_none() {
             s.push_str(" (No trace was recorded: these are the dump's own figures.)");
+        } else if dev.window.events == 0 {
+            s.push_str(" (These are the dump's own figures.)");
         }
         if dev.held_open.share_of_peak >= 0.1 && dev.peak.event_index.is_some() {
             let _ = write!(
@@ -355,7 +363,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     }
 
     // 2. Window and final state.
-    let mut window = format!("Trace: {} events", dev.window.events);
+    let mut window = format!("Trace: {}", counted(dev.window.events, "event", "events"));
     if let Some(d) = dev.window.duration_s {
         let _ = write!(window, " over {d:.3} s");
     }
@@ -364,8 +372,18 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     } else {
         let _ = write!(
             window,
-            "; {} allocations predate the window ({} of them have no event at all: still allocated at the dump)",
-            dev.window.allocations_before_window, dev.window.ghost_blocks
+            "; {} the window ({} no event at all: still allocated at the dump)",
+            match dev.window.allocations_before_window {
+                1 => "1 allocation predates".to_owned(),
+                n => format!("{n} allocations predate"),
+            },
+            match (
+                dev.window.allocations_before_window,
+                dev.window.ghost_blocks
+            ) {
+                (1, 1) => "it has".to_owned(),
+                (_, g) => format!("{g} of them {}", if g == 1 { "has" } else { "have" }),
+            }
         );
     }
     let _ = write!(
@@ -481,10 +499,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     // 4. What was alive at the peak.
     out.extend(call_site_table(
         format!(
-            "Alive at the peak, by call site ({} of {} sites, {} allocations)",
+            "Alive at the peak, by call site ({} of {}, {})",
             dev.live_at_peak_by_call_site.len().min(view.top),
-            dev.live_at_peak_by_call_site.len(),
-            dev.live_at_peak.len()
+            counted(dev.live_at_peak_by_call_site.len() as u64, "site", "sites"),
+            counted(dev.live_at_peak.len() as u64, "allocation", "allocations")
         ),
         &dev.live_at_peak_by_call_site,
         view,
@@ -501,9 +519,9 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         && dev.held_open.share_of_peak < 0.01
     {
         out.push(Block::Para(format!(
-            "Held the peak open: nothing sizeable ({} in {} allocations, under 1% of the peak, is left over from earlier).",
+            "Held the peak open: nothing sizeable ({} in {}, under 1% of the peak, is left over from earlier).",
             format_bytes(dev.held_open.bytes),
-            dev.held_open.count
+            counted(dev.held_open.count, "allocation", "allocations")
         )));
     } else if dev.peak.event_index.is_some() && dev.held_open.count > 0 {
         let h = &dev.held_open;
@@ -515,10 +533,10 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             .collect::<Vec<_>>()
             .join(", ");
         let mut title = format!(
-            "Held the peak open: {} ({}) in {} allocations — {} (at that point {} was requested). From: {from}",
+            "Held the peak open: {} ({}) in {} — {} (at that point {} was requested). From: {from}",
             format_bytes(h.bytes),
             pct(h.share_of_peak),
-            h.count,
+            counted(h.count, "allocation", "allocations"),
             h.definition,
             bytes(h.boundary_requested_bytes),
         );
@@ -541,18 +559,26 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     // 5. Fragmentation.
     let f = &dev.fragmentation_at_peak;
     let e = &dev.fragmentation_at_end;
+    // "… sits in holes smaller than the largest request" only when the window had a request.
+    let unusable = if f.largest_request_bytes > 0 {
+        format!(
+            "; {} sits in holes smaller than the largest request ({})",
+            format_bytes(f.unusable_for_largest_request_bytes),
+            format_bytes(f.largest_request_bytes)
+        )
+    } else {
+        String::new()
+    };
     out.push(Block::Para(format!(
-        "Fragmentation at the peak: {} reserved − {} allocated = {} cached in {} holes, largest hole {}; \
-         {} sits in holes smaller than the largest request ({}). At the dump: {} cached in {} holes, largest {}.",
+        "Fragmentation at the peak: {} reserved − {} allocated = {} cached in {}, largest hole {}{unusable}. \
+         At the dump: {} cached in {}, largest {}.",
         format_bytes(f.reserved_bytes),
         format_bytes(f.allocated_bytes),
         format_bytes(f.reserved_unallocated_bytes),
-        f.holes,
+        counted(f.holes, "hole", "holes"),
         format_bytes(f.largest_hole_bytes),
-        format_bytes(f.unusable_for_largest_request_bytes),
-        format_bytes(f.largest_request_bytes),
         format_bytes(e.reserved_unallocated_bytes),
-        e.holes,
+        counted(e.holes, "hole", "holes"),
         format_bytes(e.largest_hole_bytes),
     )));
     // The layout that matters most: at the (first) OOM when there is one, else at the peak.
@@ -603,38 +629,226 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     out
 }
 
+/// The column heads of the cross-file table and what they mean (report and merge).
+pub const RANK_COLUMNS_NOTE: &str = "peak and reserved at peak: the device with the highest peak, \
+     at the moment of that peak; max reserved: the highest reserved bytes of any device";
+
+/// What the outlier column means for this table, in words.
+pub fn outlier_note(t: &crate::report::RankTable) -> String {
+    if t.ranks_of_one_job {
+        format!("Outliers: {}.", t.outlier_rule)
+    } else {
+        "Outliers: not flagged, the files are not ranks of one job (no rank number in every \
+         name; --ranks says they are)."
+            .to_owned()
+    }
+}
+
 fn rank_blocks(report: &Report) -> Vec<Block> {
     let Some(t) = &report.ranks else {
         return Vec::new();
     };
-    vec![Block::Table {
-        title: format!(
-            "{} files, median peak {}",
-            t.rows.len(),
-            bytes(t.median_peak_requested_bytes)
-        ),
-        header: vec!["file", "rank", "peak", "reserved", "OOM", "outlier"],
-        right: vec![false, true, true, true, false, false],
-        rows: t
-            .rows
+    let dash = || "-".to_owned();
+    vec![
+        Block::Table {
+            title: format!(
+                "{} files, median peak {} ({RANK_COLUMNS_NOTE})",
+                t.rows.len(),
+                bytes(t.median_peak_requested_bytes)
+            ),
+            header: vec![
+                "file",
+                "rank",
+                "device",
+                "peak",
+                "reserved at peak",
+                "max reserved",
+                "OOM",
+                "outlier",
+            ],
+            right: vec![false, true, true, true, true, true, false, false],
+            rows: t
+                .rows
+                .iter()
+                .map(|r| {
+                    let rank = r.rank.map(|x| x.to_string()).unwrap_or_else(dash);
+                    if r.error.is_some() {
+                        return vec![
+                            r.path.clone(),
+                            rank,
+                            dash(),
+                            dash(),
+                            dash(),
+                            dash(),
+                            "unreadable".to_owned(),
+                            String::new(),
+                        ];
+                    }
+                    vec![
+                        r.path.clone(),
+                        rank,
+                        r.peak_device.map(|d| d.to_string()).unwrap_or_else(dash),
+                        bytes(r.peak_requested_bytes),
+                        format_bytes(r.reserved_at_peak_bytes),
+                        format_bytes(r.max_reserved_bytes),
+                        if r.oom { "yes" } else { "no" }.to_owned(),
+                        if r.outlier { "OUTLIER" } else { "" }.to_owned(),
+                    ]
+                })
+                .collect(),
+        },
+        Block::Para(outlier_note(t)),
+    ]
+}
+
+/// How a device with no segments and no trace entries is shown, in `report` and `stats` alike.
+pub fn empty_device_line(device: i64) -> String {
+    format!("Device {device}: nothing recorded (no segments, no trace entries).")
+}
+
+/// "device 1 of 3", or "device 0" when the file has one device.
+fn device_of(device: i64, devices: u64) -> String {
+    if devices > 1 {
+        format!("device {device} of {devices}")
+    } else {
+        format!("device {device}")
+    }
+}
+
+/// "750.0MiB request in the forward pass at x.py:12:f, FULL; about 558.6MiB must be freed for
+/// it to fit".
+fn oom_brief(h: &OomHeadline) -> String {
+    let mut s = format!(
+        "{} request{}",
+        format_bytes(h.requested_bytes),
+        in_phase(&h.phase, None, "")
+    );
+    if let Some(site) = &h.call_site {
+        let _ = write!(s, " at {site}");
+    }
+    let _ = write!(s, ", {}", h.verdict.to_uppercase());
+    if h.oom_events > 1 {
+        let _ = write!(s, " (the first of {} OOMs)", h.oom_events);
+    }
+    if h.shortfall_bytes > 0 {
+        let _ = write!(
+            s,
+            "; about {} must be freed for it to fit",
+            format_bytes(h.shortfall_bytes)
+        );
+    }
+    s
+}
+
+/// The first lines of a file with several devices: which devices ran out of memory and where,
+/// the others' peaks, and an imbalance of the peaks.
+fn file_headline(path: &str, sum: &FileSummary, devices: &[DeviceReport]) -> Vec<Block> {
+    let mut out = vec![Block::Heading(format!("{path} — {} devices", sum.devices))];
+    for h in &sum.oom {
+        out.push(Block::Alert(format!(
+            "OOM on {}: {}.",
+            device_of(h.device, sum.devices),
+            oom_brief(h)
+        )));
+    }
+    let fine: Vec<String> = devices
+        .iter()
+        .filter(|d| d.oom.is_empty())
+        .map(|d| {
+            let cut = match d.trace_cut.as_deref() {
+                Some("cut") => " (its trace was cut)",
+                Some(_) => " (its trace did not arrive)",
+                None => "",
+            };
+            format!(
+                "device {} peak {}{cut}",
+                d.device,
+                bytes(d.peak.requested_bytes)
+            )
+        })
+        .collect();
+    if sum.oom.is_empty() {
+        out.push(Block::Para(format!(
+            "No OOM on any of the {} devices: {}.",
+            sum.devices,
+            fine.join(", ")
+        )));
+    } else if !fine.is_empty() {
+        out.push(Block::Para(format!("No OOM on: {}.", fine.join(", "))));
+    }
+    if let Some(i) = &sum.imbalance {
+        let times = i.ratio.map(|r| format!("{r:.1}× ")).unwrap_or_default();
+        out.push(Block::Para(format!(
+            "Imbalance: device {} peaks at {}, {times}device {}'s {} (flagged when the {}).",
+            i.highest_device,
+            bytes(i.highest_peak_bytes),
+            i.lowest_device,
+            bytes(i.lowest_peak_bytes),
+            i.rule
+        )));
+    }
+    out
+}
+
+/// `report --brief`: one line per file (OOM device, failing call site, how much must go; or
+/// the peak), then one per unreadable input.
+pub fn brief(report: &Report) -> String {
+    let mut out = String::new();
+    for f in &report.files {
+        let sum = &f.summary;
+        let line = match sum.oom.first() {
+            _ if f.devices.is_empty() => "nothing to report (no segments and no trace)".to_owned(),
+            Some(h) => {
+                let mut s = format!(
+                    "OOM on {}: {}",
+                    device_of(h.device, sum.devices),
+                    oom_brief(h)
+                );
+                if sum.oom.len() > 1 {
+                    let others: Vec<String> =
+                        sum.oom[1..].iter().map(|o| o.device.to_string()).collect();
+                    let _ = write!(s, "; OOM on device {} too", others.join(", "));
+                }
+                s
+            }
+            None => format!(
+                "no OOM; peak {} on {}",
+                bytes(sum.peak_requested_bytes),
+                device_of(sum.peak_device.unwrap_or(0), sum.devices)
+            ),
+        };
+        let mut flags = String::new();
+        if sum.imbalance.is_some() {
+            flags.push_str(" [imbalance]");
+        }
+        let cut: Vec<String> = f
+            .devices
             .iter()
-            .map(|r| {
-                vec![
-                    r.path.clone(),
-                    r.rank.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-                    bytes(r.peak_requested_bytes),
-                    format_bytes(r.reserved_bytes),
-                    if r.oom { "yes" } else { "no" }.to_owned(),
-                    if r.outlier { "OUTLIER" } else { "" }.to_owned(),
-                ]
+            .filter_map(|d| {
+                let how = match d.trace_cut.as_deref()? {
+                    "cut" => "cut",
+                    _ => "not reached",
+                };
+                Some(format!("device {} trace {how}", d.device))
             })
-            .collect(),
-    }]
+            .collect();
+        if !cut.is_empty() {
+            let _ = write!(flags, " [salvaged: {}]", cut.join(", "));
+        }
+        let _ = writeln!(out, "{}: {line}{flags}", f.path);
+    }
+    for u in &report.unreadable {
+        let _ = writeln!(out, "{}: could not read: {}", u.path, u.error);
+    }
+    out
 }
 
 fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
     let mut blocks = rank_blocks(report);
     for file in &report.files {
+        if file.devices.len() > 1 {
+            blocks.extend(file_headline(&file.path, &file.summary, &file.devices));
+        }
         if file.devices.is_empty() {
             blocks.push(Block::Heading(file.path.clone()));
             blocks.push(Block::Para(
@@ -643,6 +857,11 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         }
         for dev in &file.devices {
             blocks.extend(device_blocks(file, dev, view));
+        }
+        if !file.devices.is_empty() {
+            for d in &file.summary.empty_devices {
+                blocks.push(Block::Para(empty_device_line(*d)));
+            }
         }
     }
     blocks

@@ -64,6 +64,11 @@ fn file_text(out: &mut String, file: &FileStats) {
         },
     );
     for dev in &file.devices {
+        if dev.final_state.segments == 0 && dev.trace_entries == 0 {
+            // The same rule as `report`: named in one line, not printed in full.
+            let _ = writeln!(out, "{}", super::report_text::empty_device_line(dev.device));
+            continue;
+        }
         let _ = writeln!(out, "device {}", dev.device);
         final_lines(out, &dev.final_state, "  ");
         let states: Vec<String> = dev
@@ -79,9 +84,9 @@ fn file_text(out: &mut String, file: &FileStats) {
             };
             let _ = writeln!(
                 out,
-                "  pool {id:<8} {:<6} {} segments, {} reserved, {} allocated",
+                "  pool {id:<8} {:<6} {}, {} reserved, {} allocated",
                 p.segment_type,
-                p.segments,
+                crate::units::counted(p.segments, "segment", "segments"),
                 format_bytes(p.reserved_bytes),
                 format_bytes(p.allocated_bytes)
             );
@@ -94,8 +99,8 @@ fn file_text(out: &mut String, file: &FileStats) {
             };
             let _ = writeln!(
                 out,
-                "  stream {name:<14} {} segments, {} reserved",
-                s.segments,
+                "  stream {name:<14} {}, {} reserved",
+                crate::units::counted(s.segments, "segment", "segments"),
                 format_bytes(s.reserved_bytes)
             );
         }

@@ -593,6 +593,40 @@ pub fn text(out: &mut String, x: f64, y: f64, size: u32, attrs: &str, content: &
     );
 }
 
+/// A generous estimate of the width of `content` in the proportional font (wider than
+/// Helvetica, Arial and DejaVu Sans draw it, so that text estimated to fit does fit).
+pub fn text_width(content: &str, size: u32, bold: bool) -> f64 {
+    let em = if bold { 0.66 } else { 0.6 };
+    content.chars().count() as f64 * f64::from(size) * em
+}
+
+/// A text element that never runs past the right margin: when it would, it is squeezed to the
+/// room that is left (`textLength`), the way a long title must still end inside the picture.
+pub fn text_fit(out: &mut String, x: f64, y: f64, size: u32, attrs: &str, content: &str) {
+    let room = WIDTH - RIGHT - x;
+    let bold = attrs.contains("bold");
+    if text_width(content, size, bold) <= room {
+        return text(out, x, y, size, attrs, content);
+    }
+    let squeeze = format!(
+        "textLength=\"{}\" lengthAdjust=\"spacingAndGlyphs\"{}{attrs}",
+        num(room),
+        if attrs.is_empty() { "" } else { " " }
+    );
+    text(out, x, y, size, &squeeze, content)
+}
+
+/// A heading `{name}{suffix}` that fits the width: the file name is cut at its start (`…`) so
+/// that the suffix (which device, which picture) always shows, then [`text_fit`].
+pub fn heading(out: &mut String, y: f64, size: u32, name: &str, suffix: &str) {
+    let room = WIDTH - RIGHT - LEFT;
+    let per_char = text_width("x", size, true);
+    let fits = (room / per_char).floor() as usize;
+    let keep = fits.saturating_sub(suffix.chars().count()).max(12);
+    let content = format!("{}{suffix}", cut_left(name, keep));
+    text_fit(out, LEFT, y, size, "font-weight=\"bold\"", &content);
+}
+
 /// Font size of legend entries, and the width of one monospace character at that size.
 pub const LEGEND_FONT: u32 = 13;
 pub const LEGEND_CHAR_W: f64 = 7.9;

@@ -121,13 +121,12 @@ pub fn segments(
     let mut body = String::new();
     let mut y = 0.0;
     if panels.is_empty() {
-        svg::text(
+        svg::heading(
             &mut body,
-            LEFT,
             40.0,
             16,
-            "font-weight=\"bold\"",
-            &format!("{name}: no device has segments or trace entries; nothing to draw"),
+            name,
+            ": no device has segments or trace entries; nothing to draw",
         );
         y = 64.0;
     }
@@ -254,16 +253,20 @@ fn segment_tooltip(s: &SegmentLayout) -> Vec<String> {
             s.stream
         ),
         format!(
-            "{} allocated in {} blocks ({} requested, {} rounding waste)",
+            "{} allocated in {} ({} requested, {} rounding waste)",
             format_bytes(s.allocated_bytes),
-            s.blocks.iter().filter(|b| b.state.is_active()).count(),
+            crate::units::counted(
+                s.blocks.iter().filter(|b| b.state.is_active()).count() as u64,
+                "block",
+                "blocks"
+            ),
             format_bytes(s.requested_bytes),
             format_bytes(s.internal_waste_bytes)
         ),
         format!(
-            "{} free in {} holes, largest {}",
+            "{} free in {}, largest {}",
             format_bytes(s.free_bytes),
-            s.holes,
+            crate::units::counted(s.holes, "hole", "holes"),
             format_bytes(s.largest_hole_bytes)
         ),
     ]
@@ -321,6 +324,171 @@ fn largest_hole(
     best
 }
 
+/// Runs of at least this many alike segments are folded into one row.
+pub const FOLD_MIN: usize = 3;
+
+/// A run of alike segments drawn as one: the first is drawn, the label says how many.
+struct Fold {
+    /// Every segment of the run (the drawn one first).
+    members: Vec<usize>,
+}
+
+/// Size, pool kind, pool, stream, holes, free bytes in 32ths of the size, colour.
+type AlikeKey = (u64, u8, Option<(i64, i64)>, u64, u64, u64, String);
+
+/// What makes segments alike in the picture: the same size, pool, stream and number of holes,
+/// free bytes within 1/32 of the size, and the same colour for their largest live block.
+fn alike_key(s: &SegmentLayout, infos: &FxHashMap<u64, BlockInfo>, colours: &Colours) -> AlikeKey {
+    let kind = match s.pool_kind {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+        PoolKind::Unknown => 2,
+    };
+    let largest = s
+        .blocks
+        .iter()
+        .filter(|b| b.state.is_active())
+        .max_by_key(|b| (b.size, std::cmp::Reverse(b.offset)));
+    let colour = largest.map_or(String::new(), |b| {
+        let address = s.address.saturating_add(b.offset);
+        match infos.get(&address) {
+            Some(BlockInfo { alloc: Some(a), .. }) => colours.colour_for(a).to_string(),
+            Some(BlockInfo { stack, .. }) => colours.colour_for_stack(*stack, address).to_string(),
+            None => colours
+                .colour_for_stack(StackId::EMPTY, address)
+                .to_string(),
+        }
+    });
+    let free_32ths = s.free_bytes.saturating_mul(32) / s.total_bytes.max(1);
+    (
+        s.total_bytes,
+        kind,
+        s.pool_id,
+        s.stream,
+        s.holes,
+        free_32ths,
+        colour,
+    )
+}
+
+/// Orders the segments largest first, alike ones next to each other, and folds runs of at
+/// least [`FOLD_MIN`] alike segments (never the one holding `keep`, the labelled hole). Returns
+/// the segments to draw, in order, and the fold of each drawn segment that stands for a run.
+fn fold_alike(
+    layout: &[SegmentLayout],
+    infos: &FxHashMap<u64, BlockInfo>,
+    colours: &Colours,
+    keep: Option<usize>,
+) -> (Vec<usize>, Vec<Option<Fold>>) {
+    let keys: Vec<_> = layout
+        .iter()
+        .map(|s| alike_key(s, infos, colours))
+        .collect();
+    let mut order: Vec<usize> = (0..layout.len()).collect();
+    order.sort_by(|&a, &b| {
+        keys[b]
+            .0
+            .cmp(&keys[a].0)
+            .then_with(|| keys[a].cmp(&keys[b]))
+            .then(layout[a].address.cmp(&layout[b].address))
+    });
+    let mut drawn = Vec::with_capacity(order.len());
+    let mut folds: Vec<Option<Fold>> = (0..layout.len()).map(|_| None).collect();
+    let mut j = 0;
+    while j < order.len() {
+        let mut k = j + 1;
+        while k < order.len() && keys[order[k]] == keys[order[j]] {
+            k += 1;
+        }
+        let run: Vec<usize> = order[j..k]
+            .iter()
+            .copied()
+            .filter(|&i| Some(i) != keep)
+            .collect();
+        if let Some(kept) = keep.filter(|i| order[j..k].contains(i)) {
+            drawn.push(kept);
+        }
+        if run.len() >= FOLD_MIN {
+            let first = run[0];
+            drawn.push(first);
+            folds[first] = Some(Fold { members: run });
+        } else {
+            drawn.extend(run);
+        }
+        j = k;
+    }
+    (drawn, folds)
+}
+
+/// The label of a folded run, right of its bar when there is room, else inside it at the
+/// right end on a pale background. Returns the shapes with a tooltip (1).
+fn fold_label(
+    out: &mut String,
+    layout: &[SegmentLayout],
+    fold: &Fold,
+    bar_end: f64,
+    y: f64,
+    h: f64,
+) -> usize {
+    let first = &layout[fold.members[0]];
+    let n = fold.members.len() as u64;
+    let sum = |f: fn(&SegmentLayout) -> u64| sat_sum(fold.members.iter().map(|&i| f(&layout[i])));
+    let label = format!(
+        "× {n} alike: {} each, {} in all ({} allocated, {} free)",
+        format_bytes(first.total_bytes),
+        format_bytes(sum(|s| s.total_bytes)),
+        format_bytes(sum(|s| s.allocated_bytes)),
+        format_bytes(sum(|s| s.free_bytes)),
+    );
+    let right = LEFT + PLOT_W;
+    // The text is set to this width (`textLength`), so the box always holds it.
+    let width = label.chars().count() as f64 * 12.0 * 0.58;
+    let inside = bar_end + 8.0 + width > right;
+    let (tx, anchor) = if inside {
+        (right - 6.0, "end")
+    } else {
+        (bar_end + 8.0, "start")
+    };
+    let box_x = if inside { tx - width - 5.0 } else { tx - 5.0 };
+    let _ = write!(
+        out,
+        "<g><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#ffffff\" fill-opacity=\"0.85\" stroke=\"{MUTED}\" stroke-width=\"0.5\" rx=\"3\">",
+        num(box_x.max(LEFT)),
+        num(y + 2.0),
+        num((width + 10.0).min(right - box_x.max(LEFT))),
+        num((h - 4.0).max(4.0)),
+    );
+    let mut tip = vec![format!(
+        "{n} segments alike in size, pool, stream, holes, free bytes and colour: one is drawn"
+    )];
+    let addresses: Vec<String> = fold
+        .members
+        .iter()
+        .take(12)
+        .map(|&i| format!("0x{:x}", layout[i].address))
+        .collect();
+    tip.push(format!(
+        "at {}{}",
+        addresses.join(", "),
+        if fold.members.len() > 12 { ", …" } else { "" }
+    ));
+    out.push_str(&svg::title(&tip));
+    out.push_str("</rect>\n");
+    svg::text(
+        out,
+        tx,
+        y + h / 2.0 + 4.0,
+        12,
+        &format!(
+            "text-anchor=\"{anchor}\" font-weight=\"bold\" textLength=\"{}\" lengthAdjust=\"spacing\"",
+            num(width)
+        ),
+        &label,
+    );
+    out.push_str("</g>\n");
+    1
+}
+
 struct Geometry {
     scale: f64,
     row_of: Vec<usize>,
@@ -329,13 +497,16 @@ struct Geometry {
     capacity: u64,
 }
 
-fn pack(layout: &[SegmentLayout], order: &[usize], min_capacity: u64) -> Geometry {
+/// Lays the segments of `order` out in rows; a folded run's segment (`alone`) takes a row of its
+/// own, with room for its label. Rows end on a gridline: the width is rounded up to the ticks.
+fn pack(layout: &[SegmentLayout], order: &[usize], min_capacity: u64, alone: &[bool]) -> Geometry {
     let largest = order.first().map_or(0, |&i| layout[i].total_bytes);
-    let total = sat_sum(layout.iter().map(|s| s.total_bytes));
+    let total = sat_sum(order.iter().map(|&i| layout[i].total_bytes));
     let capacity = largest
         .max(total.div_ceil(MAX_ROWS))
         .max(min_capacity)
         .max(1);
+    let capacity = svg::byte_ticks(capacity).1.max(capacity);
     let scale = PLOT_W / capacity as f64;
     let mut row_of = vec![0; layout.len()];
     let mut x_of = vec![0.0; layout.len()];
@@ -343,13 +514,16 @@ fn pack(layout: &[SegmentLayout], order: &[usize], min_capacity: u64) -> Geometr
     let mut fill: u64 = 0;
     for (j, &i) in order.iter().enumerate() {
         let size = layout[i].total_bytes;
-        if j > 0 && fill.saturating_add(size) > capacity {
+        if j > 0 && (fill.saturating_add(size) > capacity || (alone[i] && fill > 0)) {
             row += 1;
             fill = 0;
         }
         row_of[i] = row;
         x_of[i] = LEFT + fill as f64 * scale;
         fill = fill.saturating_add(size);
+        if alone[i] {
+            fill = capacity;
+        }
     }
     Geometry {
         scale,
@@ -398,6 +572,7 @@ fn draw_segments(
     infos: &FxHashMap<u64, BlockInfo>,
     colours: &Colours,
     threshold: f64,
+    folds: &[Option<Fold>],
 ) -> usize {
     let mut shapes = 0;
     let h = rows.height;
@@ -437,7 +612,7 @@ fn draw_segments(
         let x0 = geo.x_of[i];
         let w = s.total_bytes as f64 * geo.scale;
         let y = rows.top[row];
-        if w < threshold * 2.0 {
+        if w < threshold * 2.0 && folds[i].is_none() {
             match &mut run {
                 Some(r) if r.0 == row => {
                     r.2 = x0 + w;
@@ -591,6 +766,10 @@ fn draw_segments(
         }
         flush_small(out, &mut small, &mut shapes);
         out.push_str("</g>\n");
+        // Over the bar when it has to go inside it.
+        if let Some(fold) = &folds[i] {
+            shapes += fold_label(out, layout, fold, x0 + w, y, h);
+        }
     }
     flush(out, &mut run, &mut shapes);
     shapes
@@ -656,14 +835,6 @@ fn panel(
         .collect();
     colours.assign_distinct(&legend_sites);
 
-    let mut order: Vec<usize> = (0..layout.len()).collect();
-    order.sort_by(|&a, &b| {
-        layout[b]
-            .total_bytes
-            .cmp(&layout[a].total_bytes)
-            .then(layout[a].address.cmp(&layout[b].address))
-    });
-
     let oom = oom_event.and_then(|e| trace.get(e as usize));
     let request = oom.map_or(0, |e| e.size);
     let focus = match oom {
@@ -691,43 +862,53 @@ fn panel(
     let holes = sat_sum(layout.iter().map(|s| s.holes));
     let waste = sat_sum(layout.iter().map(|s| s.internal_waste_bytes));
 
-    let geo = pack(&layout, &order, request);
+    let (order, folds) = fold_alike(&layout, &infos, &colours, focus.as_ref().map(|f| f.segment));
+    let alone: Vec<bool> = folds.iter().map(Option::is_some).collect();
+    let folded: usize = folds.iter().flatten().map(|f| f.members.len() - 1).sum();
+    let geo = pack(&layout, &order, request, &alone);
 
     let mut out = String::new();
-    svg::text(
+    svg::heading(
         &mut out,
-        LEFT,
         26.0,
         17,
-        "font-weight=\"bold\"",
-        &format!("{} — device {device}: segments", svg::cut_left(name, 90)),
+        name,
+        &format!(" — device {device}: segments"),
     );
-    svg::text(
+    svg::text_fit(
         &mut out,
         LEFT,
         48.0,
         13,
         "",
         &format!(
-            "{moment_text}: {} segments, {} reserved; {} in live blocks ({} requested, {} rounding); {} free in {} holes.",
-            layout.len(),
+            "{moment_text}: {}, {} reserved; {} in live blocks ({} requested, {} rounding); {} free in {}.",
+            crate::units::counted(layout.len() as u64, "segment", "segments"),
             format_bytes(reserved),
             format_bytes(allocated),
             format_bytes(requested),
             format_bytes(waste),
             format_bytes(free),
-            holes
+            crate::units::counted(holes, "hole", "holes")
         ),
     );
-    svg::text(
+    svg::text_fit(
         &mut out,
         LEFT,
         67.0,
         13,
         &format!("fill=\"{MUTED}\""),
         &format!(
-            "Each bar is one segment, its length its size: largest first, rows {} wide. Hover blocks and segments for details.",
-            format_bytes(geo.capacity)
+            "Each bar is one segment, its length its size: largest first, rows {} wide{}. Hover blocks and segments for details.",
+            format_bytes(geo.capacity),
+            if folded > 0 {
+                format!(
+                    "; {} alike segments folded into the row of one like them (× N)",
+                    folded
+                )
+            } else {
+                String::new()
+            }
         ),
     );
     let mut header = 67.0;
@@ -740,7 +921,7 @@ fn panel(
             "not enough free reserved memory: the allocator needed new device memory"
         };
         header += 19.0;
-        svg::text(
+        svg::text_fit(
             &mut out,
             LEFT,
             header,
@@ -818,7 +999,7 @@ fn panel(
     loop {
         body.clear();
         let n = draw_segments(
-            &mut body, snapshot, &layout, &order, &geo, &rows, &infos, &colours, threshold,
+            &mut body, snapshot, &layout, &order, &geo, &rows, &infos, &colours, threshold, &folds,
         );
         if n <= budget || threshold > 1e6 {
             break;
@@ -853,7 +1034,7 @@ fn panel(
             s.address
         );
         let ly = ty + rows.height + 18.0;
-        let est = label.chars().count() as f64 * 7.0;
+        let est = svg::text_width(&label, 13, true);
         let lx = hx.min(right - est).max(LEFT);
         let _ = writeln!(
             out,
@@ -887,7 +1068,7 @@ fn panel(
             out.push_str(&svg::title(&tip));
             out.push_str("</rect>\n");
             let rlabel = format!("failed request {} (same scale)", format_bytes(e.size));
-            let rest = rlabel.chars().count() as f64 * 7.4;
+            let rest = svg::text_width(&rlabel, 13, true);
             // Inside the bar when it is long enough, else beside it.
             let (tx, anchor) = if rw >= rest + 16.0 {
                 (rx + 8.0, "start")

@@ -89,13 +89,12 @@ pub fn timeline(
     let mut body = String::new();
     let mut y = 0.0;
     if panels.is_empty() {
-        svg::text(
+        svg::heading(
             &mut body,
-            LEFT,
             40.0,
             16,
-            "font-weight=\"bold\"",
-            &format!("{name}: no device has segments or trace entries; nothing to draw"),
+            name,
+            ": no device has segments or trace entries; nothing to draw",
         );
         y = 64.0;
     }
@@ -1028,16 +1027,12 @@ fn panel(
     let bottom = PLOT_TOP + PLOT_H;
 
     // Heading.
-    svg::text(
+    svg::heading(
         &mut out,
-        LEFT,
         26.0,
         17,
-        "font-weight=\"bold\"",
-        &format!(
-            "{} — device {device}: memory timeline",
-            svg::cut_left(name, 90)
-        ),
+        name,
+        &format!(" — device {device}: memory timeline"),
     );
     let ooms: Vec<usize> = trace
         .iter()
@@ -1065,7 +1060,7 @@ fn panel(
     } else if replay.starts_mid_run() {
         line1.push_str(" The trace starts mid-run: earlier allocations start at x = 0.");
     }
-    svg::text(&mut out, LEFT, 48.0, 13, "", &line1);
+    svg::text_fit(&mut out, LEFT, 48.0, 13, "", &line1);
     let mut line2 = format!(
         "Stacked requested bytes of live allocations: the {} largest of {} drawn one by one (≥ {}), ",
         drawn.len(),
@@ -1083,7 +1078,7 @@ fn panel(
     if time_missing {
         line2.push_str(" (No timestamps: x in events.)");
     }
-    svg::text(
+    svg::text_fit(
         &mut out,
         LEFT,
         67.0,
@@ -1275,9 +1270,9 @@ fn panel(
         }
         if !at_peak.is_empty() {
             tip.push(format!(
-                "in the band at the peak: {} in {} allocations, by call site:",
+                "in the band at the peak: {} in {}, by call site:",
                 format_bytes(bytes_at_peak),
-                alive.len()
+                crate::units::counted(alive.len() as u64, "allocation", "allocations")
             ));
             site_lines(&mut tip, &at_peak);
         }

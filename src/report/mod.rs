@@ -102,6 +102,57 @@ pub struct FileReport {
     pub stacks_recorded: bool,
     pub allocator_settings: Option<serde_json::Value>,
     pub devices: Vec<DeviceReport>,
+    /// The file-level headline: OOM devices, the peak device, imbalance. Absent in reports
+    /// written before it existed.
+    #[serde(default)]
+    pub summary: FileSummary,
+}
+
+/// What the first lines of a file's report say (`analysis::headline`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FileSummary {
+    /// Devices analysed.
+    pub devices: u64,
+    /// The first OOM of each device that had one, by device.
+    pub oom: Vec<OomHeadline>,
+    /// The device with the highest peak of requested bytes (null: no device).
+    pub peak_device: Option<i64>,
+    pub peak_requested_bytes: i64,
+    /// Set when the devices' peaks differ sharply (the rule is in `rule`).
+    pub imbalance: Option<Imbalance>,
+    /// Devices with no segments and no trace entries (an empty `device_traces` list only):
+    /// named, not reported.
+    #[serde(default)]
+    pub empty_devices: Vec<i64>,
+}
+
+/// The first OOM of one device, in brief.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OomHeadline {
+    pub device: i64,
+    /// OOM events of the device (this is the first).
+    pub oom_events: u64,
+    pub event_index: u32,
+    pub requested_bytes: u64,
+    pub phase: String,
+    pub call_site: Option<String>,
+    pub verdict: String,
+    /// Roughly what must be freed for the request to fit: the request minus the larger of the
+    /// device's free memory and the largest usable hole.
+    pub shortfall_bytes: u64,
+}
+
+/// The highest and the lowest device peak of a file, when they differ sharply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Imbalance {
+    pub highest_device: i64,
+    pub highest_peak_bytes: i64,
+    pub lowest_device: i64,
+    pub lowest_peak_bytes: i64,
+    /// highest / lowest (null when the lowest is 0).
+    pub ratio: Option<f64>,
+    /// The rule that flagged it, in words.
+    pub rule: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -113,6 +164,10 @@ pub struct DeviceReport {
     /// The trace does not start at the beginning of the program (ring buffer overflow or
     /// recording started late): allocations made before it are only partly known.
     pub truncated: bool,
+    /// In a salvaged file (`--salvage`): `cut` when this device's trace was cut (only its first
+    /// entries arrived), `not_reached` when the cut came before it began; absent when whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_cut: Option<String>,
     pub peak: Peak,
     pub peak_allocated: LevelPeak,
     pub peak_reserved: LevelPeak,
@@ -369,16 +424,39 @@ pub struct Fragmentation {
 pub struct RankRow {
     pub path: String,
     pub rank: Option<u64>,
+    /// The highest peak of requested bytes of any device (that of `peak_device`).
     pub peak_requested_bytes: i64,
+    /// Reserved bytes at the dump, summed over the devices (kept for older readers; the table
+    /// shows `reserved_at_peak_bytes` and `max_reserved_bytes`).
     pub reserved_bytes: u64,
     pub oom: bool,
     pub outlier: bool,
+    /// The device with the highest peak (null: no device, or unreadable).
+    #[serde(default)]
+    pub peak_device: Option<i64>,
+    /// Reserved bytes on `peak_device` at the moment of its peak.
+    #[serde(default)]
+    pub reserved_at_peak_bytes: u64,
+    /// The highest reserved bytes of any device (over its trace, or at the dump when higher).
+    #[serde(default)]
+    pub max_reserved_bytes: u64,
+    /// Why the input could not be read (its figures are then 0); absent for readable files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankTable {
     pub rows: Vec<RankRow>,
+    /// Median of the readable rows' peaks.
     pub median_peak_requested_bytes: i64,
+    /// The rows are ranks of one job (a rank number in every readable name, or `--ranks`):
+    /// only then are outliers flagged.
+    #[serde(default)]
+    pub ranks_of_one_job: bool,
+    /// How `outlier` is decided, in words.
+    #[serde(default)]
+    pub outlier_rule: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -592,6 +670,9 @@ pub struct MergeReport {
     /// The JSON report files that were read.
     pub inputs: Vec<String>,
     pub ranks: RankTable,
+    /// Reports that could not be read (each is also a row with its `error`; exit code 2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// Entries a default JSON report keeps of each long list (`report --full` keeps them all).

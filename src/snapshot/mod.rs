@@ -63,7 +63,8 @@ pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadE
     let name = input::display_name(path);
     // Cleared when it goes out of scope, on success and on error.
     let mut progress = crate::progress::Loading::new(&name);
-    let (bytes, compression) = input::read_input_with(path, &mut progress)?;
+    let (bytes, compression, stream_cut) =
+        input::read_input_salvage(path, &mut progress, opts.salvage)?;
     let decoded_bytes = bytes.len() as u64;
     // The parallel reader takes what CPython writes; anything else goes the sequential way.
     let done = progress.parallel_phase("parsing", decoded_bytes);
@@ -79,6 +80,18 @@ pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadE
         Err(fast::Fail::Unsupported) => sequential(&name, &bytes, opts, &mut progress)?,
     };
     snapshot.salvaged = cut.and_then(salvaged);
+    if let Some(note) = stream_cut {
+        // A cut gzip/zstd stream whose pickle happens to be whole is still a salvaged input.
+        snapshot
+            .salvaged
+            .get_or_insert(Salvaged {
+                offset: decoded_bytes,
+                len: decoded_bytes,
+                inside: None,
+                stream: None,
+            })
+            .stream = Some(note);
+    }
     Ok(LoadedSnapshot {
         name,
         decoded_bytes,
@@ -106,6 +119,7 @@ fn salvaged(cut: PickleError) -> Option<Salvaged> {
             offset,
             len,
             inside,
+            stream: None,
         }),
         _ => None,
     }

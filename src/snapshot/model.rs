@@ -208,24 +208,86 @@ pub struct Salvaged {
     pub len: u64,
     /// The value that was being built (`device_traces[0]`), when known.
     pub inside: Option<String>,
+    /// A compressed input whose stream broke off: what was decompressed (the pickle is then cut
+    /// where the stream broke).
+    pub stream: Option<String>,
+}
+
+/// What a salvaged file holds of one device's trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceCut {
+    /// The cut fell inside this device's trace: only its first entries arrived.
+    Cut,
+    /// The cut came before this device's trace began: none of it arrived.
+    NotReached,
+}
+
+impl TraceCut {
+    /// Stable name (JSON `trace_cut`).
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceCut::Cut => "cut",
+            TraceCut::NotReached => "not_reached",
+        }
+    }
 }
 
 impl Salvaged {
+    /// The trace index whose list was being written at the cut (`device_traces[1][…]` → 1).
+    fn cut_trace(&self) -> Option<usize> {
+        let rest = self.inside.as_deref()?.strip_prefix("device_traces[")?;
+        rest[..rest.find(']')?].parse().ok()
+    }
+
+    /// Whether the cut reached `device_traces` at all (a cut inside `segments`, inside the list
+    /// itself, or at an unknown place leaves traces after it missing).
+    fn traces_complete(&self) -> bool {
+        match self.inside.as_deref() {
+            Some(p) => !(p.starts_with("segments") || p.starts_with("device_traces")),
+            None => self.offset >= self.len && self.stream.is_none(),
+        }
+    }
+
+    /// What the file holds of `device`'s trace: cut, not reached, or whole (`None`).
+    pub fn trace_cut(&self, s: &Snapshot, device: i64) -> Option<TraceCut> {
+        let d = usize::try_from(device).ok()?;
+        if self.cut_trace() == Some(d) {
+            return Some(TraceCut::Cut);
+        }
+        if self.traces_complete() {
+            return None;
+        }
+        match self.cut_trace() {
+            Some(k) if d > k => Some(TraceCut::NotReached),
+            Some(_) => None,
+            // Cut before or inside the list of traces: those that did not arrive.
+            None => (d >= s.device_traces.len()).then_some(TraceCut::NotReached),
+        }
+    }
+
+    /// Every device of `s` whose trace was cut or not reached, in device order.
+    pub fn cut_devices(&self, s: &Snapshot) -> Vec<(i64, TraceCut)> {
+        s.devices()
+            .into_iter()
+            .filter_map(|d| self.trace_cut(s, d).map(|c| (d, c)))
+            .collect()
+    }
+
     /// What was recovered and what is missing (for the report's notes and a warning).
     pub fn describe(&self, s: &Snapshot) -> String {
         let entries: usize = s.device_traces.iter().map(|t| t.len()).sum();
         let blocks: usize = s.segments.iter().map(|g| g.blocks.len()).sum();
         let mut text = format!(
             "salvaged from a cut pickle: the input ends at byte {} of an incomplete dump{}; \
-             recovered {} segments ({} blocks) and {} trace entries, all complete",
+             recovered {} ({}) and {}, all complete",
             self.offset,
             self.inside
                 .as_ref()
                 .map(|p| format!(" while {p} was being written"))
                 .unwrap_or_default(),
-            s.segments.len(),
-            blocks,
-            entries
+            crate::units::counted(s.segments.len() as u64, "segment", "segments"),
+            crate::units::counted(blocks as u64, "block", "blocks"),
+            crate::units::counted(entries as u64, "trace entry", "trace entries")
         );
         // What a dump holds after the cut (keys are written in this order).
         const KEYS: [&str; 4] = [
@@ -238,21 +300,43 @@ impl Salvaged {
             .inside
             .as_deref()
             .map(|p| p.split(['[', '.']).next().unwrap_or(p));
+        if let Some(stream) = &self.stream {
+            text = format!("{stream}; {text}");
+        }
         let mut missing: Vec<String> = Vec::new();
-        if let Some(p) = self.inside.as_deref() {
-            // The list that was cut (`device_traces[0]`), not the entry inside it.
+        if let Some(p) = self
+            .inside
+            .as_deref()
+            .filter(|_| self.cut_trace().is_none())
+        {
+            // The list that was cut (`segments`), not the entry inside it.
             let list = match p.match_indices(['[', '.']).nth(1) {
                 Some((i, _)) => &p[..i],
                 None => p,
             };
             missing.push(format!("the rest of {list}"));
         }
+        // Each device whose trace was cut or never arrived, by name.
+        for (d, cut) in self.cut_devices(s) {
+            let entries = s.trace(d).len();
+            missing.push(match cut {
+                TraceCut::Cut => format!(
+                    "the rest of device_traces[{d}] (device {d}'s trace, cut after {entries} entries)"
+                ),
+                TraceCut::NotReached => {
+                    format!("device_traces[{d}] (device {d}'s trace, not reached)")
+                }
+            });
+        }
         let after = cut_key
             .and_then(|k| KEYS.iter().position(|x| *x == k))
             .map_or(0, |i| i + 1);
+        let per_device = !self.cut_devices(s).is_empty();
         let absent: Vec<&str> = KEYS[after..]
             .iter()
             .copied()
+            // Traces that did not arrive are named per device above.
+            .filter(|k| !(per_device && *k == "device_traces"))
             .filter(|k| match *k {
                 "segments" => s.segments.is_empty(),
                 "device_traces" => s.device_traces.is_empty(),

@@ -158,8 +158,28 @@ fn several_files_get_a_rank_table_with_the_outlier_flagged() {
         .iter()
         .find(|r| r["path"].as_str().unwrap().contains("load-oom"))
         .unwrap();
-    assert_eq!(load["outlier"], true);
+    // The names carry no rank number: not ranks of one job, so no outlier…
+    assert_eq!(load["outlier"], false);
     assert_eq!(load["oom"], true);
+    // … unless --ranks says they are.
+    let out = run_ok(&[
+        "report",
+        "--format",
+        "json",
+        "--ranks",
+        "fixtures/synth/train.pickle",
+        "fixtures/synth/truncated.pickle",
+        "fixtures/synth/load-oom.pickle",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let load = v["ranks"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["path"].as_str().unwrap().contains("load-oom"))
+        .unwrap()
+        .clone();
+    assert_eq!(load["outlier"], true);
     let text = run_ok(&[
         "report",
         "fixtures/synth/train.pickle",

@@ -163,3 +163,140 @@ fn stacks_python_shows_python_frames_only() {
     assert!(kept.iter().all(|l| all.lines().any(|a| a == *l)));
     assert!(python.contains("vllm/worker/cache_engine.py:83:_allocate_kv_cache"));
 }
+
+fn stdout_of(args: &[&str]) -> String {
+    let out = snapscan()
+        .current_dir(common::root())
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// "1 events", "1 frees", "1 allocations", "1 sites" and the like, in every report and stats
+/// text of the fixtures (LfieLike's trace is one lone free; load-oom has one call site).
+#[test]
+fn counts_agree_with_their_nouns() {
+    let plurals = [
+        "events",
+        "frees",
+        "allocations",
+        "sites",
+        "holes",
+        "segments",
+        "blocks",
+        "entries",
+    ];
+    for path in common::snapshot_fixtures() {
+        let f = path.to_str().unwrap();
+        for text in [stdout_of(&["report", f]), stdout_of(&["stats", f])] {
+            let flat = text.replace('\n', " ");
+            for noun in plurals {
+                for lead in [" ", "(", "of "] {
+                    let bad = format!("{lead}1 {noun}");
+                    assert!(!flat.contains(&bad), "{f}: `{bad}` in {flat}");
+                }
+            }
+        }
+    }
+    let lfie = stdout_of(&[
+        "report",
+        "fixtures/real/LfieLike__SketchKV2__my_snapshot.pickle",
+    ]);
+    assert!(lfie.contains("Trace: 1 event over"), "{lfie}");
+    assert!(lfie
+        .replace('\n', " ")
+        .contains("1 free of allocations made before the first event"));
+}
+
+/// No "0.0B sits in holes smaller than the largest request (0.0B)" without a request.
+#[test]
+fn no_unusable_hole_figure_without_a_request() {
+    for f in [
+        "fixtures/real/ZijianDu__Attention__memory.pickle",
+        "fixtures/real/LfieLike__SketchKV2__my_snapshot.pickle",
+        "fixtures/real/volcengine__verl__mem_mempools.pickle",
+    ] {
+        let text = stdout_of(&["report", f]).replace('\n', " ");
+        assert!(text.contains("Fragmentation at the peak:"), "{f}");
+        assert!(
+            !text.contains("smaller than the largest request"),
+            "{f}: {text}"
+        );
+    }
+    // With requests it stays.
+    let text = stdout_of(&["report", "fixtures/synth/fragmented.pickle"]).replace('\n', " ");
+    assert!(text.contains("sits in holes smaller than the largest request (64.0MiB)"));
+}
+
+/// A device with no segments and no trace entries (ZijianDu's second, empty trace list) is named
+/// in one line by report and stats alike, and listed in the JSON summary.
+#[test]
+fn an_empty_device_is_named_in_one_line_everywhere() {
+    let f = "fixtures/real/ZijianDu__Attention__memory.pickle";
+    let line = "Device 1: nothing recorded (no segments, no trace entries).";
+    let report = stdout_of(&["report", f]);
+    let stats = stdout_of(&["stats", f]);
+    assert_eq!(report.matches(line).count(), 1, "{report}");
+    assert_eq!(stats.matches(line).count(), 1, "{stats}");
+    assert!(!stats.contains("\ndevice 1\n"), "{stats}");
+    assert!(!report.contains("— device 1"));
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout_of(&["report", "--format", "json", f])).unwrap();
+    assert_eq!(
+        v["files"][0]["summary"]["empty_devices"],
+        serde_json::json!([1])
+    );
+    assert_eq!(v["files"][0]["devices"].as_array().unwrap().len(), 1);
+}
+
+/// A device in one run only is never "unchanged" (here: the new run's device 1 has a zero peak).
+#[test]
+fn diff_of_a_device_in_one_run_only_is_not_unchanged() {
+    let dir = temp_dir("one-sided");
+    let mut v: serde_json::Value = serde_json::from_str(&stdout_of(&[
+        "report",
+        "--format",
+        "json",
+        "fixtures/synth/load-oom-2dev.pickle",
+    ]))
+    .unwrap();
+    v["files"][0]["devices"][1]["peak"]["requested_bytes"] = 0.into();
+    let new = dir.join("new.json");
+    // A stored report starts with its schema_version (serde_json's Value sorts the keys).
+    let stored = format!(
+        "{{\"schema_version\": 1, \"files\": {}, \"ranks\": null}}",
+        v["files"]
+    );
+    std::fs::write(&new, stored).unwrap();
+    let text = stdout_of(&["diff", TRAIN, new.to_str().unwrap()]);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Device 1 (only in the new run)"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(!line.contains("unchanged"), "{line}");
+    assert!(
+        line.ends_with("the base run has no such device, so nothing to compare."),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// MAGMA27 holds 13.2 GiB reserved and 1.3 GiB allocated at the dump: remarked on.
+#[test]
+fn mostly_cached_reserved_memory_is_remarked_on() {
+    let text = stdout_of(&[
+        "report",
+        "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ])
+    .replace('\n', " ");
+    assert!(
+        text.contains("most of the reserved memory is cached and unused: 13.2GiB reserved, 1.3GiB allocated at the dump, so 11.9GiB (90%)"),
+        "{text}"
+    );
+    let zijian = stdout_of(&["report", "fixtures/real/ZijianDu__Attention__memory.pickle"]);
+    assert!(
+        !zijian.contains("cached and unused"),
+        "48% cached is not most"
+    );
+}

@@ -8,6 +8,7 @@ mod decode;
 mod diagnosis;
 mod edges;
 mod explain;
+mod headline;
 mod hostile;
 mod labels;
 mod parallel;

@@ -138,3 +138,82 @@ fn the_cli_suggests_salvage_and_salvages() {
     assert_eq!(out.status.code(), Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A cut `.gz` and a cut `.zst` of a three-device dump, cut inside device 1's trace: salvaged
+/// from what decompressed, the cut trace named per device, and the device whose trace was cut
+/// (or never arrived) says so instead of "memory history was not recorded".
+#[test]
+fn cut_gz_and_zst_salvage_what_arrived_and_name_each_cut_trace() {
+    use std::io::Write;
+    let data = read(&common::fixture("synth/three-devices.pickle"));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&data).unwrap();
+    let gz = gz.finish().unwrap();
+    let zst =
+        ruzstd::encoding::compress_to_vec(&data[..], ruzstd::encoding::CompressionLevel::Fastest);
+    let dir = std::env::temp_dir().join(format!("snapscan-salvage-z-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, whole, what) in [
+        ("cut.pickle.gz", gz, "gzip"),
+        ("cut.pickle.zst", zst, "zstd"),
+    ] {
+        let file = dir.join(name);
+        std::fs::write(&file, &whole[..whole.len() * 45 / 100]).unwrap();
+        let f = file.to_str().unwrap();
+        let out = common::snapscan().args(["report", f]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name} without --salvage");
+        let out = common::snapscan()
+            .args(["report", "--salvage", "--format", "json", f])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{name}: {err}");
+        assert!(
+            err.contains(&format!("the {what} stream breaks off")),
+            "{err}"
+        );
+        assert!(
+            err.contains("device_traces[1] (device 1's trace, cut after "),
+            "{err}"
+        );
+        assert!(
+            err.contains("device_traces[2] (device 2's trace, not reached)"),
+            "{err}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let devices = v["files"][0]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 3, "{name}");
+        assert!(devices[0].get("trace_cut").is_none());
+        assert_eq!(devices[1]["trace_cut"], "cut");
+        assert_eq!(devices[2]["trace_cut"], "not_reached");
+        let notes = |d: &serde_json::Value| d["notes"].to_string();
+        assert!(notes(&devices[1]).contains("this device's trace was cut after"));
+        assert!(notes(&devices[2]).contains("cut off before it began"));
+        assert!(!notes(&devices[2]).contains("memory history was not recorded"));
+        let out = common::snapscan()
+            .args(["report", "--salvage", f])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let first = |dev: &str| {
+            let at = text.find(&format!("— device {dev}\n")).unwrap();
+            text[at..].lines().nth(1).unwrap().to_owned()
+        };
+        assert!(first("1")
+            .starts_with("No OOM in the part of the trace that arrived (the trace was cut)."));
+        assert!(first("2").starts_with("No trace arrived (the file was cut before it)"));
+        assert!(!text.contains("No trace was recorded"), "{name}");
+        let out = common::snapscan()
+            .args(["report", "--salvage", "--brief", f])
+            .output()
+            .unwrap();
+        let brief = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            brief
+                .trim_end()
+                .ends_with("[salvaged: device 1 trace cut, device 2 trace not reached]"),
+            "{brief}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -519,3 +519,159 @@ fn svg_mutated_inputs_never_panic() {
     }
     assert!(drawn > 0, "no mutant loaded");
 }
+
+/// A numeric attribute of an SVG element (`x="12.5"`).
+fn attr(element: &str, name: &str) -> Option<f64> {
+    let key = format!(" {name}=\"");
+    let at = element.find(&key)? + key.len();
+    element[at..].split('"').next()?.parse().ok()
+}
+
+/// Every `<tag …>` start tag of the document.
+fn elements<'a>(svg: &'a str, tag: &str) -> Vec<&'a str> {
+    let open = format!("<{tag} ");
+    svg.match_indices(&open)
+        .map(|(i, _)| {
+            let end = svg[i..].find('>').map_or(svg.len(), |e| i + e);
+            &svg[i..end]
+        })
+        .collect()
+}
+
+/// Boxes and labels end inside the picture: every rect inside [0, width − right margin]; every
+/// text inside it too, by its `textLength` when set, else by a generous width estimate of its
+/// content (0.66 em per character when bold, 0.6 otherwise), for left-anchored text.
+fn assert_inside(name: &str, svg: &str) {
+    use snapscan::render::svg::{RIGHT, WIDTH};
+    let limit = WIDTH - RIGHT + 0.05;
+    for r in elements(svg, "rect") {
+        if let (Some(x), Some(w)) = (attr(r, "x"), attr(r, "width")) {
+            assert!(x >= 0.0 && x + w <= limit, "{name}: {r}");
+        }
+    }
+    for (i, _) in svg.match_indices("<text ") {
+        let head_end = i + svg[i..].find('>').unwrap();
+        let head = &svg[i..head_end];
+        let body_end = head_end + svg[head_end..].find("</text>").unwrap();
+        let content = &svg[head_end + 1..body_end];
+        let chars = content
+            .replace("&amp;", "&")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&#39;", "'")
+            .replace("&quot;", "\"")
+            .chars()
+            .count() as f64;
+        // Rotated axis titles are placed by a transform, in the left margin.
+        let Some(x) = attr(head, "x") else { continue };
+        let size = attr(head, "font-size").unwrap();
+        let em = if head.contains("bold") { 0.66 } else { 0.6 };
+        let width = attr(head, "textLength").unwrap_or(chars * size * em);
+        let (start, end) = if head.contains("text-anchor=\"end\"") {
+            (x - width, x)
+        } else if head.contains("text-anchor=\"middle\"") {
+            (x - width / 2.0, x + width / 2.0)
+        } else {
+            (x, x + width)
+        };
+        assert!(
+            start >= -0.05 && end <= limit,
+            "{name}: text runs out of the picture: {head}>{content}"
+        );
+    }
+}
+
+/// MAGMA27's segments at the peak: 85 fully allocated 96 MiB activation segments and others
+/// alike were one bar each (1,245 px in all); now each run is one labelled row.
+#[test]
+fn alike_segments_are_folded_into_one_labelled_row() {
+    let svg = String::from_utf8(cli_svg(&[
+        "segments",
+        "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ]))
+    .unwrap();
+    let height = svg
+        .split("viewBox=\"0 0 1200 ")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .and_then(|h| h.parse::<f64>().ok())
+        .unwrap();
+    assert!(height < 900.0, "{height} px");
+    assert!(svg
+        .contains(">× 85 alike: 96.0MiB each, 8.0GiB in all (8.0GiB allocated, 0.0B free)</text>"));
+    assert!(svg.contains("196 alike segments folded into the row of one like them"));
+    let bars = svg.matches("fill=\"url(#snapscan-hatch)\" stroke=").count();
+    assert!(bars < 40, "{bars} segment bars for 216 segments");
+    // Every segment is still accounted for: the folded ones in the labels' tooltips.
+    assert!(svg.contains("85 segments alike in size, pool, stream, holes, free bytes and colour"));
+}
+
+/// The failed request (750 MiB, wider than any segment) ends on the right-hand gridline, and
+/// every box and label of the pictures stays inside, whatever the title's length.
+#[test]
+fn boxes_and_labels_stay_inside_the_picture() {
+    let svg = String::from_utf8(cli_svg(&[
+        "segments",
+        "fixtures/synth/train-oom-forward.pickle",
+    ]))
+    .unwrap();
+    let grid_right = elements(&svg, "line")
+        .iter()
+        .filter(|l| l.contains("stroke=\"#e") || l.contains("stroke=\"#d"))
+        .filter_map(|l| attr(l, "x1"))
+        .fold(0.0, f64::max);
+    let request = elements(&svg, "rect")
+        .into_iter()
+        .find(|r| r.contains("fill-opacity=\"0.2\""))
+        .unwrap();
+    let end = attr(request, "x").unwrap() + attr(request, "width").unwrap();
+    assert!(
+        end <= grid_right + 0.05,
+        "request box ends at {end}, last gridline {grid_right}"
+    );
+    assert_inside("train-oom-forward segments", &svg);
+    for (cmd, fixture) in [
+        (
+            "segments",
+            "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+        ),
+        ("timeline", "fixtures/synth/train-oom-forward.pickle"),
+        (
+            "timeline",
+            "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+        ),
+        ("segments", "fixtures/synth/load-oom-2dev.pickle"),
+    ] {
+        let svg = String::from_utf8(cli_svg(&[cmd, fixture])).unwrap();
+        assert_inside(&format!("{cmd} {fixture}"), &svg);
+    }
+    // Long names: an empty snapshot (the "nothing to draw" title) and a real one.
+    let dir = temp_dir("long-names");
+    let deep =
+        dir.join("artifacts-of-the-nightly-fine-tuning-job-on-the-shared-cluster-partition-a100");
+    std::fs::create_dir_all(&deep).unwrap();
+    let empty =
+        deep.join("rank-0007-of-0064-memory-snapshot-written-at-the-end-of-the-run-empty.pickle");
+    std::fs::write(
+        &empty,
+        b"\x80\x04\x95\x24\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94u.",
+    )
+    .unwrap();
+    let real = deep.join("rank-0007-of-0064-memory-snapshot-written-at-the-end-of-the-run.pickle");
+    std::fs::copy(common::fixture("synth/train-oom-forward.pickle"), &real).unwrap();
+    for file in [&empty, &real] {
+        for cmd in ["segments", "timeline"] {
+            let svg = String::from_utf8(cli_svg(&[cmd, file.to_str().unwrap()])).unwrap();
+            assert_inside(&format!("{cmd} {}", file.display()), &svg);
+            if file == &empty {
+                assert!(
+                    svg.contains("nothing to draw</text>"),
+                    "the end of the title shows"
+                );
+            } else {
+                assert!(svg.contains("— device 0: "), "the device shows");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,94 @@
+//! The file-level headline: which devices of one file ran out of memory and where, how much
+//! had to go for the failed request to fit, and whether the devices' peaks are out of balance.
+//! Computed from the device reports, so it says what the per-device sections say, first.
+
+use crate::report::{DeviceReport, FileSummary, Imbalance, OomHeadline};
+
+/// Peaks are flagged as out of balance when the highest device peak is at least this many
+/// times the lowest one …
+pub const IMBALANCE_RATIO: f64 = 1.5;
+/// … and the two differ by at least this many bytes (small devices never count).
+pub const IMBALANCE_MIN_BYTES: i64 = 256 << 20;
+
+/// The rule behind [`Imbalance`], in words (printed and stored with the flag).
+pub fn imbalance_rule() -> String {
+    format!(
+        "highest device peak ≥ {IMBALANCE_RATIO}× the lowest and at least {} more",
+        crate::units::format_bytes(IMBALANCE_MIN_BYTES as u64)
+    )
+}
+
+/// Roughly how many bytes must be freed for a failed request to fit: the request minus the
+/// most it could have got, which is the larger of the device's free memory (new memory from
+/// cudaMalloc) and the largest hole of the cache that could serve it. Without `device_free`
+/// (older dumps) only the hole counts.
+pub fn shortfall_bytes(requested: u64, device_free: Option<u64>, largest_free_block: u64) -> u64 {
+    requested.saturating_sub(device_free.unwrap_or(0).max(largest_free_block))
+}
+
+/// The headline of one file from its device reports.
+pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
+    let oom: Vec<OomHeadline> = devices
+        .iter()
+        .filter_map(|d| {
+            let o = d.oom.first()?;
+            Some(OomHeadline {
+                device: d.device,
+                oom_events: d.oom.len() as u64,
+                event_index: o.event_index,
+                requested_bytes: o.requested_bytes,
+                phase: o.phase.clone(),
+                call_site: o.call_site.clone(),
+                verdict: o.verdict.clone(),
+                shortfall_bytes: shortfall_bytes(
+                    o.requested_bytes,
+                    o.device_free_bytes,
+                    o.largest_free_block_bytes,
+                ),
+            })
+        })
+        .collect();
+    let highest = devices
+        .iter()
+        .max_by_key(|d| (d.peak.requested_bytes, std::cmp::Reverse(d.device)));
+    let lowest = devices
+        .iter()
+        .min_by_key(|d| (d.peak.requested_bytes, d.device));
+    let imbalance = match (highest, lowest) {
+        (Some(h), Some(l)) if devices.len() > 1 => {
+            let (hp, lp) = (h.peak.requested_bytes, l.peak.requested_bytes.max(0));
+            let flagged = hp.saturating_sub(lp) >= IMBALANCE_MIN_BYTES
+                && hp as f64 >= IMBALANCE_RATIO * lp as f64;
+            flagged.then(|| Imbalance {
+                highest_device: h.device,
+                highest_peak_bytes: hp,
+                lowest_device: l.device,
+                lowest_peak_bytes: lp,
+                ratio: (lp > 0).then(|| hp as f64 / lp as f64),
+                rule: imbalance_rule(),
+            })
+        }
+        _ => None,
+    };
+    FileSummary {
+        devices: devices.len() as u64,
+        oom,
+        peak_device: highest.map(|d| d.device),
+        peak_requested_bytes: highest.map_or(0, |d| d.peak.requested_bytes),
+        imbalance,
+        empty_devices: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortfall_is_what_the_best_source_could_not_give() {
+        assert_eq!(shortfall_bytes(100, Some(30), 10), 70);
+        assert_eq!(shortfall_bytes(100, Some(10), 40), 60);
+        assert_eq!(shortfall_bytes(100, None, 40), 60);
+        assert_eq!(shortfall_bytes(100, Some(200), 0), 0);
+    }
+}
