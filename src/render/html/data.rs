@@ -365,6 +365,8 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
         "peak": {
             "bytes": peak.max(0),
             "event": peak_event,
+            "time_s": peak_event
+                .and_then(|e| Some((trace.get(e as usize)?.time_us? - t0?) as f64 / 1e6)),
         },
         "reserved_peak": {
             "bytes": reserved_peak.max(0),

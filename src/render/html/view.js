@@ -14,8 +14,10 @@
 // birth <= k < end.
 'use strict';
 (function () {
-  const K_DRAW = 1500; // allocations drawn one by one in a view
-  const CHECK = 2048; // states between checkpoints of the level sweep
+  // Allocations drawn one by one in a view: at any one state at most 1000 allocations of
+  // 0.1 % of the peak or more are alive, so zoomed into a state every one of them is drawn.
+  const K_DRAW = 1000;
+  const CHECK = 64; // states per block of the level sweep's summaries
   const M = { left: 78, right: 16, top: 26, plot: 380, band: 16, axis: 34 };
   const UNKNOWN_PHASE = 5;
 
@@ -24,7 +26,8 @@
     const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
     let v = Math.abs(b), u = 0;
     while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
-    const s = u === 0 ? String(Math.round(v)) : v.toFixed(1);
+    // As the report writes sizes (units.rs format_bytes).
+    const s = v.toFixed(1);
     return (b < 0 ? '-' : '') + s + units[u];
   }
   function fmtExact(b) { return fmtBytes(b) + ' (' + Math.round(b).toLocaleString('en-US') + ' bytes)'; }
@@ -68,9 +71,11 @@
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'));
     return new Uint8Array(await new Response(stream).arrayBuffer());
   }
-  // Reads `count` varints of bytes[off, off + len) into `out`, through `map(value, i)`.
-  function varints(bytes, off, len, count, out, map) {
-    let p = off, i = 0;
+  // Reads `count` varints of bytes[off, off + len) into `out`; `mode` 1: running sum, 2: zigzag
+  // running sum (the transforms are inline: a call per value would cost more than the decoding).
+  // Two copies of the same loop, one per array type, so that each stays monomorphic.
+  function varintsF64(bytes, off, len, count, out, mode) {
+    let p = off, i = 0, acc = 0;
     const end = off + len;
     while (p < end && i < count) {
       let b = bytes[p++], v = b & 127;
@@ -78,80 +83,131 @@
         let mul = 128;
         do { b = bytes[p++]; v += (b & 127) * mul; mul *= 128; } while (b >= 128 && p < end);
       }
-      out[i] = map ? map(v, i) : v;
-      i++;
+      if (mode === 1) v = acc += v;
+      else if (mode === 2) v = acc += v % 2 === 0 ? v / 2 : -(v + 1) / 2;
+      out[i++] = v;
     }
     return out;
   }
-  const unzz = (z) => (z % 2 === 0 ? z / 2 : -(z + 1) / 2);
+  function varintsU32(bytes, off, len, count, out, mode) {
+    let p = off, i = 0, acc = 0;
+    const end = off + len;
+    while (p < end && i < count) {
+      let b = bytes[p++], v = b & 127;
+      if (b >= 128) {
+        let mul = 128;
+        do { b = bytes[p++]; v += (b & 127) * mul; mul *= 128; } while (b >= 128 && p < end);
+      }
+      if (mode === 1) v = acc += v;
+      out[i++] = v;
+    }
+    return out;
+  }
+  const POW2 = Float64Array.from({ length: 80 }, (_, e) => Math.pow(2, e - 2));
+  // Quarter powers of two: 1 + 4 log2(v), 0 for nothing.
+  function sizeClass(v) {
+    if (v < 1) return 0;
+    const e = v < 4294967296 ? 31 - Math.clz32(v) : 63 - Math.clz32(v / 4294967296);
+    const frac = e >= 2 ? Math.floor(v / POW2[e]) & 3 : 0;
+    return Math.min(255, 1 + e * 4 + frac);
+  }
 
   // ---------- one device ----------
   class Device {
     constructor(h, blob, legend) {
       this.h = h;
       this.legend = legend;
+      let tq = performance.now();
+      this.tm = {};
+      const lap = (name) => { const t = performance.now(); this.tm[name] = +(t - tq).toFixed(1); tq = t; };
       const n = (this.n = h.events);
       const N = (this.N = h.allocations);
-      const col = (name, count, Arr, map) => {
+      const col = (name, count, Arr, mode) => {
         const [off, len] = h.columns[name];
-        return varints(blob, off, len, count, new Arr(count), map);
+        return Arr === Float64Array ? varintsF64(blob, off, len, count, new Float64Array(count), mode) : varintsU32(blob, off, len, count, new Uint32Array(count), mode);
       };
+      this.col = col;
+      lap('m0');
       const raw = (name) => { const [off, len] = h.columns[name]; return blob.subarray(off, off + len); };
-      let acc = 0;
-      this.birth = col('birth', N, Uint32Array, (v) => (acc += v));
-      const birth = this.birth;
-      this.end = col('life', N, Uint32Array, (v, i) => birth[i] + v);
-      this.req = col('req', N, Float64Array);
-      const req = this.req;
-      this.blk = col('blk', N, Float64Array, (v, i) => req[i] + unzz(v));
-      acc = 0;
-      this.addr = col('addr', N, Float64Array, (v) => (acc += unzz(v)));
+      const birth = (this.birth = col('birth', N, Uint32Array, 1));
+      const end = (this.end = col('life', N, Uint32Array));
+      for (let i = 0; i < N; i++) end[i] += birth[i];
+      const req = (this.req = col('req', N, Float64Array));
+      const blk = (this.blk = col('blk', N, Float64Array));
+      for (let i = 0; i < N; i++) { const z = blk[i]; blk[i] = req[i] + (z % 2 === 0 ? z / 2 : -(z + 1) / 2); }
+      this.addr = col('addr', N, Float64Array, 2);
       this.stack = col('stack', N, Uint32Array);
       this.stream = col('stream', N, Uint32Array);
-      const end = this.end;
-      this.pend = col('pend', N, Uint32Array, (v, i) => (v ? end[i] - v + 1 : 0));
+      const pend = (this.pend = col('pend', N, Uint32Array));
+      for (let i = 0; i < N; i++) if (pend[i]) pend[i] = end[i] - pend[i] + 1;
+      lap('m1');
       const flags = raw('flags');
       this.cat = new Uint8Array(N); this.conf = new Uint8Array(N); this.origin = new Uint8Array(N);
       for (let i = 0; i < N; i++) { const f = flags[i]; this.cat[i] = f & 7; this.conf[i] = (f >> 3) & 3; this.origin[i] = f >> 5; }
-      acc = 0;
-      this.time = col('time', n, Float64Array, (v) => (acc += unzz(v)));
+      this.times = null; // decoded on first use (see time())
+      lap('m2');
       const S = (this.S = h.segments);
-      acc = 0;
-      this.sAddr = col('seg_addr', S, Float64Array, (v) => (acc += unzz(v)));
+      this.sAddr = col('seg_addr', S, Float64Array, 2);
       this.sSize = col('seg_size', S, Float64Array);
       this.sStream = col('seg_stream', S, Uint32Array);
       this.sPool = col('seg_pool', S, Uint32Array);
       this.sFirst = col('seg_first', S, Uint32Array);
-      const first = this.sFirst;
-      this.sLast = col('seg_span', S, Uint32Array, (v, i) => first[i] + v);
+      this.sLast = col('seg_span', S, Uint32Array);
+      for (let s = 0; s < S; s++) this.sLast[s] += this.sFirst[s];
       this.sKind = raw('seg_kind');
+      lap('m3');
       // Phases: intervals [phase, step, first, last]; the phase of each allocation's birth.
       const ph = h.phases;
       this.phFirst = Int32Array.from(ph, (p) => p[2]);
       this.phLast = Int32Array.from(ph, (p) => p[3]);
       this.birthPhase = new Uint8Array(N);
-      for (let i = 0; i < N; i++) this.birthPhase[i] = this.birth[i] > 0 ? this.phaseOf(this.birth[i] - 1) : UNKNOWN_PHASE;
+      // (Births are in order: one walk along the intervals.)
+      for (let i = 0, iv = 0; i < N; i++) {
+        const e = this.birth[i] - 1;
+        if (e < 0) { this.birthPhase[i] = UNKNOWN_PHASE; continue; }
+        while (iv < ph.length && this.phLast[iv] < e) iv++;
+        this.birthPhase[i] = iv < ph.length && this.phFirst[iv] <= e ? ph[iv][0] : UNKNOWN_PHASE;
+      }
+      lap('m4');
       // Deaths in order of end state (counting sort).
       const counts = new Uint32Array(n + 3);
       for (let i = 0; i < N; i++) counts[this.end[i] + 1]++;
       for (let k = 1; k < counts.length; k++) counts[k] += counts[k - 1];
       this.deathOrder = new Uint32Array(N);
       for (let i = 0; i < N; i++) this.deathOrder[counts[this.end[i]]++] = i;
+      lap('m5');
       // Size classes (quarter powers of two) for picking the largest in a view.
       this.sizeClass = new Uint8Array(N);
-      for (let i = 0; i < N; i++) this.sizeClass[i] = req[i] > 0 ? Math.min(255, 1 + Math.floor(Math.log2(req[i]) * 4)) : 0;
+      for (let i = 0; i < N; i++) this.sizeClass[i] = sizeClass(req[i]);
+      lap('m6');
       // Reserved bytes as changes over the states.
-      const ch = [];
-      for (let s = 0; s < S; s++) { ch.push([this.sFirst[s], this.sSize[s]]); ch.push([this.sLast[s] + 1, -this.sSize[s]]); }
-      ch.sort((a, b) => a[0] - b[0]);
-      this.resState = Float64Array.from(ch, (c) => c[0]);
-      this.resLevel = new Float64Array(ch.length);
-      let lvl = 0;
-      for (let i = 0; i < ch.length; i++) { lvl += ch[i][1]; this.resLevel[i] = lvl; }
+      // (Sorted as packed keys state * SH + segment: a numeric sort, no comparator.)
+      const SH = Math.pow(2, Math.ceil(Math.log2(S + 1)));
+      const ups = new Float64Array(S), downs = new Float64Array(S);
+      for (let s = 0; s < S; s++) { ups[s] = this.sFirst[s] * SH + s; downs[s] = (this.sLast[s] + 1) * SH + s; }
+      ups.sort(); downs.sort();
+      const segOf = (key) => key % SH;
+      this.resState = new Float64Array(2 * S);
+      this.resLevel = new Float64Array(2 * S);
+      let lvl = 0, u = 0, w = 0, r = 0;
+      while (u < S || w < S) {
+        const takeUp = w >= S || (u < S && Math.floor(ups[u] / SH) <= Math.floor(downs[w] / SH));
+        const key = takeUp ? ups[u++] : downs[w++];
+        const state = Math.floor(key / SH);
+        lvl += takeUp ? this.sSize[segOf(key)] : -this.sSize[segOf(key)];
+        this.resState[r] = state; this.resLevel[r] = lvl; r++;
+      }
+      lap('m7');
       // Which stacks match the search.
       this.match = null;
       this.matchAlloc = null;
       this.modes = {};
+    }
+
+    // µs since the first timed event, at `event`.
+    time(event) {
+      if (!this.times) this.times = this.col('time', this.n, Float64Array, 2);
+      return this.times[event];
     }
 
     phaseOf(event) {
@@ -203,18 +259,28 @@
       } else {
         keyOf = new Uint8Array(this.N); count = 1; colours = ['#bab0ac']; names = ['smaller allocations'];
       }
-      // Checkpoints: per key level at state j * CHECK.
-      const cps = Math.floor((this.n + 1) / CHECK) + 1;
-      const levels = new Float64Array(cps * count);
+      // Per block of CHECK states: the per-key levels at its first state, the allocation
+      // pointers there, its highest total, the state of that total and the per-key levels
+      // there, and its highest reserved level. A view wider than a block per pixel column
+      // reads blocks, not states.
+      const blocks = Math.floor((this.n + 1) / CHECK) + 1;
+      const levels = new Float64Array(blocks * count);
+      const argLevels = new Float64Array(blocks * count);
+      const bMax = new Float64Array(blocks).fill(-1), bArg = new Int32Array(blocks), bRes = new Float64Array(blocks);
+      const bBorn = new Uint32Array(blocks), bDied = new Uint32Array(blocks), bRp = new Uint32Array(blocks), bResAt = new Float64Array(blocks);
       const lv = new Float64Array(count);
-      let bp = 0, dp = 0;
-      for (let j = 0; j < cps; j++) {
-        const k = j * CHECK;
-        while (bp < this.N && this.birth[bp] <= k) { lv[keyOf[bp]] += this.req[bp]; bp++; }
-        while (dp < this.N && this.end[this.deathOrder[dp]] <= k) { const a = this.deathOrder[dp]; lv[keyOf[a]] -= this.req[a]; dp++; }
-        levels.set(lv, j * count);
+      const birth = this.birth, end = this.end, order = this.deathOrder, req = this.req, N = this.N;
+      let bp = 0, dp = 0, rp = 0, res = 0, total = 0;
+      for (let k = 0; k <= this.n; k++) {
+        while (bp < N && birth[bp] <= k) { lv[keyOf[bp]] += req[bp]; total += req[bp]; bp++; }
+        while (dp < N && end[order[dp]] <= k) { const a = order[dp]; lv[keyOf[a]] -= req[a]; total -= req[a]; dp++; }
+        while (rp < this.resState.length && this.resState[rp] <= k) { res = this.resLevel[rp]; rp++; }
+        const j = (k / CHECK) | 0;
+        if (k % CHECK === 0) { levels.set(lv, j * count); bBorn[j] = bp; bDied[j] = dp; bRp[j] = rp; bResAt[j] = res; }
+        if (total > bMax[j]) { bMax[j] = total; bArg[j] = k; argLevels.set(lv, j * count); }
+        if (res > bRes[j]) bRes[j] = res;
       }
-      return (this.modes[name] = { name, keyOf, count, colours, names, levels });
+      return (this.modes[name] = { name, keyOf, count, colours, names, levels, argLevels, bMax, bArg, bRes, bBorn, bDied, bRp, bResAt });
     }
     colourOf(mode, a) {
       if (mode.name === 'site') {
@@ -234,24 +300,42 @@
       const resMax = new Float64Array(W);
       const s0 = Math.max(0, Math.floor(v0)), s1 = Math.min(this.n, Math.ceil(v1) - 1);
       const sc = W / (v1 - v0);
-      const j = Math.floor(s0 / CHECK);
-      const lv = mode.levels.slice(j * K, j * K + K);
-      let k = j * CHECK;
-      let bp = this.bornBy(k), dp = this.diedBy(k);
       const birth = this.birth, end = this.end, order = this.deathOrder, req = this.req, key = mode.keyOf, N = this.N;
-      let total = 0;
-      for (let q = 0; q < K; q++) total += lv[q];
+      const lv = new Float64Array(K);
+      let k, bp, dp, total, rp, res;
+      // The state at the start of block j, with its pointers.
+      const enter = (j) => {
+        k = j * CHECK;
+        for (let q = 0; q < K; q++) lv[q] = mode.levels[j * K + q];
+        bp = mode.bBorn[j]; dp = mode.bDied[j];
+        total = 0;
+        for (let q = 0; q < K; q++) total += lv[q];
+        rp = mode.bRp[j]; res = mode.bResAt[j];
+      };
+      // Moves to state k + 1.
       const step = () => {
+        k++;
         while (bp < N && birth[bp] <= k) { lv[key[bp]] += req[bp]; total += req[bp]; bp++; }
         while (dp < N && end[order[dp]] <= k) { const a = order[dp]; lv[key[a]] -= req[a]; total -= req[a]; dp++; }
-      };
-      while (k < s0) { k++; step(); }
-      let rp = 0;
-      { let lo = 0, hi = this.resState.length; while (lo < hi) { const m = (lo + hi) >> 1; if (this.resState[m] <= s0) lo = m + 1; else hi = m; } rp = lo; }
-      let res = rp ? this.resLevel[rp - 1] : 0;
-      for (k = s0; k <= s1; k++) {
-        if (k > s0) step();
         while (rp < this.resState.length && this.resState[rp] <= k) { res = this.resLevel[rp]; rp++; }
+      };
+      enter(Math.floor(s0 / CHECK));
+      while (k < s0) step();
+      const colOf = (x) => { const c = Math.floor((x - v0) * sc); return c < 0 ? 0 : c >= W ? W - 1 : c; };
+      while (k <= s1) {
+        const j = (k / CHECK) | 0;
+        const bEnd = j * CHECK + CHECK - 1;
+        if (k === j * CHECK && bEnd <= s1 && colOf(k) === colOf(bEnd + 1 - 1e-9)) {
+          // The whole block falls in one column.
+          const c = colOf(k);
+          if (mode.bMax[j] > colMax[c]) {
+            colMax[c] = mode.bMax[j]; colArg[c] = mode.bArg[j];
+            colLev.set(mode.argLevels.subarray(j * K, j * K + K), c * K);
+          }
+          if (mode.bRes[j] > resMax[c]) resMax[c] = mode.bRes[j];
+          if (j + 1 < mode.bMax.length) { enter(j + 1); continue; }
+          break;
+        }
         let c0 = Math.floor((k - v0) * sc), c1 = Math.ceil((k + 1 - v0) * sc) - 1;
         if (c0 < 0) c0 = 0;
         if (c1 >= W) c1 = W - 1;
@@ -263,6 +347,8 @@
           }
           if (res > resMax[c]) resMax[c] = res;
         }
+        if (k === s1) break;
+        step();
       }
       return { colMax, colArg, colLev, resMax, s0, s1 };
     }
@@ -273,7 +359,7 @@
       const j = Math.floor(k / CHECK);
       const lv = mode.levels.slice(j * K, j * K + K);
       let s = j * CHECK;
-      let bp = this.bornBy(s), dp = this.diedBy(s);
+      let bp = mode.bBorn[j], dp = mode.bDied[j];
       while (s < k) {
         s++;
         while (bp < this.N && this.birth[bp] <= s) { lv[mode.keyOf[bp]] += this.req[bp]; bp++; }
@@ -313,36 +399,47 @@
 
     // Stacks the picked allocations over [s0, s1]: each allocation's pieces [state, offset],
     // and the drawn total (and per key) after each change.
-    stackUp(mode, picked, s0, s1) {
+    // Changes within one pixel column (`sc` columns per state from v0) are merged: the piece
+    // keeps the highest offset of the column, as the SVG's columns do.
+    stackUp(mode, picked, s0, s1, v0, sc, minMove) {
       const K = mode.count;
+      const colOf = (k) => Math.floor((k - v0) * sc);
+      // A piece: [first state, offset, column it waits for (-1: none), column of its start].
       const pieces = new Map();
-      const stack = [], offs = [];
+      const stack = [], stackP = [], offs = [];
       let total = 0;
       const keyTot = new Float64Array(K);
       const events = [];
+      const push = (a, k) => {
+        const pc = [[k, total, -1, colOf(k)]];
+        pieces.set(a, pc);
+        stack.push(a); stackP.push(pc); offs.push(total);
+        total += this.req[a]; keyTot[mode.keyOf[a]] += this.req[a];
+      };
       for (const a of picked) {
-        if (this.birth[a] <= s0) {
-          pieces.set(a, [[s0, total]]);
-          stack.push(a); offs.push(total);
-          total += this.req[a]; keyTot[mode.keyOf[a]] += this.req[a];
-        } else events.push([this.birth[a], 1, a]);
+        if (this.birth[a] <= s0) push(a, s0);
+        else events.push([this.birth[a], 1, a]);
         if (this.end[a] <= s1) events.push([this.end[a], 0, a]);
       }
       events.sort((x, y) => x[0] - y[0] || x[1] - y[1] || x[2] - y[2]);
       const dState = [s0], dTotal = [total], dKeys = [keyTot.slice()];
       for (const [k, kind, a] of events) {
         const size = this.req[a];
-        if (kind === 1) {
-          pieces.set(a, [[k, total]]);
-          stack.push(a); offs.push(total);
-          total += size; keyTot[mode.keyOf[a]] += size;
-        } else {
+        if (kind === 1) push(a, k);
+        else {
           const p = stack.indexOf(a);
           if (p < 0) continue;
-          stack.splice(p, 1); offs.splice(p, 1);
+          stack.splice(p, 1); stackP.splice(p, 1); offs.splice(p, 1);
+          const c = colOf(k);
           for (let q = p; q < stack.length; q++) {
-            offs[q] -= size;
-            pieces.get(stack[q]).push([k, offs[q]]);
+            const off = (offs[q] -= size);
+            // A second change in a column waits for the next column (updated by later
+            // changes in the same column); moves under half a pixel are not drawn.
+            const pc = stackP[q], last = pc[pc.length - 1];
+            if (last[2] === c) last[1] = off;
+            else if (last[1] - off < minMove) continue;
+            else if (last[3] === c) pc.push([v0 + (c + 1) / sc, off, c, c + 1]);
+            else pc.push([k, off, -1, c]);
           }
           total -= size; keyTot[mode.keyOf[a]] -= size;
         }
@@ -360,41 +457,72 @@
       return out;
     }
 
-    // Segments and their blocks at state k, as layout.rs's layout_at builds them.
+    // Segments and their blocks at state k, as layout.rs's layout_at builds them: per segment
+    // its figures, and its blocks on demand (`blocks(L)`): a big trace has 10^5 segments.
     layoutAt(k) {
       const segs = [];
       for (let s = 0; s < this.S; s++) if (this.sFirst[s] <= k && k <= this.sLast[s]) segs.push(s);
+      const G = segs.length;
       const starts = Float64Array.from(segs, (s) => this.sAddr[s]);
-      const per = segs.map(() => []);
-      for (const a of this.aliveAt(k)) {
-        let lo = 0, hi = starts.length;
+      const alive = this.aliveAt(k);
+      const slot = new Int32Array(alive.length);
+      const count = new Uint32Array(G + 1);
+      for (let i = 0; i < alive.length; i++) {
+        const a = alive[i];
+        let lo = 0, hi = G;
         while (lo < hi) { const m = (lo + hi) >> 1; if (starts[m] <= this.addr[a]) lo = m + 1; else hi = m; }
         const si = lo - 1;
-        if (si >= 0 && this.addr[a] < starts[si] + this.sSize[segs[si]]) per[si].push(a);
+        slot[i] = si >= 0 && this.addr[a] < starts[si] + this.sSize[segs[si]] ? si : -1;
+        if (slot[i] >= 0) count[si + 1]++;
       }
-      return segs.map((s, si) => {
-        const list = per[si].sort((x, y) => this.addr[x] - this.addr[y] || x - y);
+      for (let g = 1; g <= G; g++) count[g] += count[g - 1];
+      const grouped = new Uint32Array(count[G]);
+      const fill = count.slice(0, G);
+      for (let i = 0; i < alive.length; i++) if (slot[i] >= 0) grouped[fill[slot[i]]++] = alive[i];
+      const byAddr = (x, y) => this.addr[x] - this.addr[y] || x - y;
+      const out = new Array(G);
+      for (let g = 0; g < G; g++) {
+        const s = segs[g], from = count[g], to = count[g + 1];
+        if (to - from > 1) grouped.subarray(from, to).sort(byAddr);
         const base = this.sAddr[s], size = this.sSize[s], stop = base + size;
-        const L = { seg: s, address: base, size, stream: this.sStream[s], pool: this.sPool[s], kind: this.sKind[s] & 3, expandable: (this.sKind[s] & 4) !== 0, blocks: [], allocated: 0, requested: 0, free: 0, holes: 0, largestHole: 0, largestHoleAt: -1 };
+        const L = { seg: s, address: base, size, stream: this.sStream[s], pool: this.sPool[s], kind: this.sKind[s] & 3, expandable: (this.sKind[s] & 4) !== 0, allocated: 0, requested: 0, free: 0, holes: 0, largestHole: 0, list: grouped.subarray(from, to), state: k };
         let cursor = base;
-        const hole = (from, to) => {
-          if (to > from) {
-            L.holes++; L.free += to - from;
-            if (to - from > L.largestHole) { L.largestHole = to - from; L.largestHoleAt = L.blocks.length; }
-            L.blocks.push({ offset: from - base, size: to - from, alloc: -1 });
-          }
-        };
-        for (const a of list) {
+        for (let i = from; i < to; i++) {
+          const a = grouped[i];
           const start = Math.max(this.addr[a], cursor), end = Math.min(this.addr[a] + this.blk[a], stop);
           if (end <= start) continue;
-          hole(cursor, start);
+          if (start > cursor) { L.holes++; L.free += start - cursor; if (start - cursor > L.largestHole) L.largestHole = start - cursor; }
           L.allocated += end - start; L.requested += Math.min(this.req[a], end - start);
-          L.blocks.push({ offset: start - base, size: end - start, alloc: a, pending: this.pend[a] !== 0 && this.pend[a] <= k });
           cursor = end;
         }
-        hole(cursor, stop);
-        return L;
-      });
+        if (stop > cursor) { L.holes++; L.free += stop - cursor; if (stop - cursor > L.largestHole) L.largestHole = stop - cursor; }
+        out[g] = L;
+      }
+      return out;
+    }
+
+    // The blocks and holes of a segment of layoutAt, in address order; `largestHoleAt` is the
+    // position of its (first) largest hole.
+    blocks(L) {
+      const blocks = [];
+      const base = L.address, stop = base + L.size;
+      let cursor = base, largest = -1, at = -1;
+      const hole = (from, to) => {
+        if (to > from) {
+          if (to - from > largest) { largest = to - from; at = blocks.length; }
+          blocks.push({ offset: from - base, size: to - from, alloc: -1 });
+        }
+      };
+      for (const a of L.list) {
+        const start = Math.max(this.addr[a], cursor), end = Math.min(this.addr[a] + this.blk[a], stop);
+        if (end <= start) continue;
+        hole(cursor, start);
+        blocks.push({ offset: start - base, size: end - start, alloc: a, pending: this.pend[a] !== 0 && this.pend[a] <= L.state });
+        cursor = end;
+      }
+      hole(cursor, stop);
+      blocks.largestHoleAt = at;
+      return blocks;
     }
 
     search(q) {
@@ -420,7 +548,7 @@
       if (state <= 0) return 'before the first event (window start)';
       const e = state - 1;
       let s = 'event ' + fmtInt(e);
-      if (this.h.timed) s += ' (+' + (this.time[e] / 1e6).toFixed(3) + 's)';
+      if (this.h.timed) s += ' (+' + (this.time(e) / 1e6).toFixed(3) + 's)';
       const iv = this.intervalOf(e);
       if (iv >= 0) {
         const p = this.h.phases[iv];
@@ -448,7 +576,7 @@
       const d = this.dev, h = d.h;
       const oomText = h.ooms.length ? h.ooms.length + ' OOM' + (h.ooms.length > 1 ? 's' : '') + ' (first at event ' + fmtInt(h.ooms[0].event) + ')' : 'no OOM';
       this.head = el('p', { class: 'summary' },
-        el('strong', { text: 'Peak ' + fmtBytes(h.peak.bytes) + ' requested' }), ' ' + (h.peak.event == null ? 'at window start' : 'at ' + d.when(this.peakState)) +
+        el('strong', { text: 'Peak ' + fmtBytes(h.peak.bytes) + ' requested' }), ' ' + (h.peak.event == null ? 'at window start' : 'at event ' + fmtInt(h.peak.event) + (h.peak.time_s != null ? ' (+' + h.peak.time_s.toFixed(3) + 's)' : '')) +
         '; reserved peak ' + fmtBytes(h.reserved_peak.bytes) + '; ' + oomText + '. ' + fmtInt(d.n) + ' events, ' + fmtInt(d.N) + ' allocations, ' + fmtInt(h.segments) + ' segments over the trace.' +
         (h.starts_mid_run ? ' The trace starts mid-run: earlier allocations start at event 0.' : ''));
       this.modeSel = el('select', { 'aria-label': 'colour by', onchange: () => { this.modeName = this.modeSel.value; this.draw(); this.drawSegments(); } },
@@ -528,13 +656,19 @@
       g.clearRect(0, 0, w, H);
       const mode = d.mode(this.modeName);
       const W = Math.max(1, Math.round(pw));
+      const tm = {};
+      let tq = performance.now();
+      const lap = (name) => { const t = performance.now(); tm[name] = +(t - tq).toFixed(1); tq = t; };
       const sw = d.sweep(mode, this.v0, this.v1, W);
+      lap('sweep');
       const picked = d.pick(sw.s0, sw.s1);
-      const st = d.stackUp(mode, picked, sw.s0, sw.s1);
+      lap('pick');
       let top = 0;
       for (let c = 0; c < W; c++) top = Math.max(top, sw.colMax[c], sw.resMax[c]);
       const y1 = this.y1 != null ? this.y1 : Math.max(1, top * 1.06);
       const y0 = this.y1 != null ? this.y0 : 0;
+      const st = d.stackUp(mode, picked, sw.s0, sw.s1, this.v0, W / (this.v1 - this.v0), 0.5 * (y1 - y0) / M.plot);
+      lap('stack');
       this.frame = { mode, sw, picked, st, y0, y1, W, pw };
       const py = (b) => M.top + M.plot - (b - y0) / (y1 - y0) * M.plot;
       const bottom = M.top + M.plot;
@@ -575,26 +709,48 @@
           level += rest;
         }
       }
-      // Allocations drawn one by one.
+      lap('bands');
+      // Allocations drawn one by one: one path per colour (three shades of it, so that
+      // neighbours differ), pixel-aligned.
       const match = d.matchAlloc;
-      this.boxes = [];
+      const paths = new Map();
+      const outlinePath = new Path2D();
+      const pathOf = (colour, shade, faded) => {
+        const key = colour + shade + (faded ? 'f' : '');
+        let p = paths.get(key);
+        if (!p) { p = { path: new Path2D(), colour: shade ? lighter(colour, shade) : colour, faded }; paths.set(key, p); }
+        return p.path;
+      };
       for (const a of picked) {
         const pcs = st.pieces.get(a);
         if (!pcs) continue;
         const end = Math.min(d.end[a], sw.s1 + 1);
         const matched = !match || match[a];
-        g.fillStyle = d.colourOf(mode, a);
-        g.globalAlpha = matched ? 1 : 0.22;
+        const path = pathOf(d.colourOf(mode, a), [0, 0.12, 0.24][a % 3], !matched);
         for (let i = 0; i < pcs.length; i++) {
           const ka = pcs[i][0], kb = i + 1 < pcs.length ? pcs[i + 1][0] : end;
-          let xa = this.xOf(ka), xb = this.xOf(kb);
+          if (ka >= kb && i > 0) continue;
+          let xa = Math.round(this.xOf(ka)), xb = Math.round(this.xOf(kb));
           if (xb - xa < 1) xb = xa + 1;
           const ya = py(pcs[i][1] + d.req[a]), yb = py(pcs[i][1]);
-          g.fillRect(xa, ya, xb - xa, Math.max(0.5, yb - ya));
-          if (match && matched) { g.strokeStyle = '#111'; g.lineWidth = 1; g.strokeRect(xa + 0.5, ya + 0.5, Math.max(0, xb - xa - 1), Math.max(0, yb - ya - 1)); }
+          // Whole pixels (neighbours share their rounded edges): thinner ones vanish into
+          // their neighbours, search matches stay at least a pixel high.
+          const ry = Math.round(ya);
+          let rh = Math.round(yb) - ry;
+          if (rh < 1 && !(match && matched)) continue;
+          rh = Math.max(1, rh);
+          path.rect(xa, ry, xb - xa, rh);
+          if (match && matched) outlinePath.rect(xa + 0.5, ry + 0.5, Math.max(0, xb - xa - 1), Math.max(0, rh - 1));
         }
       }
+      for (const p of paths.values()) {
+        g.globalAlpha = p.faded ? 0.22 : 1;
+        g.fillStyle = p.colour;
+        g.fill(p.path);
+      }
       g.globalAlpha = 1;
+      if (match) { g.strokeStyle = '#111'; g.lineWidth = 1; g.stroke(outlinePath); }
+      lap('pieces');
       if (this.selected >= 0 && st.pieces.has(this.selected)) this.outline(g, this.selected, py, '#000', 2.5);
       // Reserved bytes.
       g.strokeStyle = '#222'; g.lineWidth = 1.2; g.setLineDash([6, 3]);
@@ -637,7 +793,10 @@
       g.fillStyle = '#444'; g.font = '11px system-ui, sans-serif'; g.textAlign = 'right'; g.textBaseline = 'middle';
       g.fillText('phase', M.left - 6, bottom + 2 + M.band / 2);
       g.textAlign = 'right'; g.textBaseline = 'top'; g.fillText('event', M.left - 6, bottom + M.band + 4);
+      lap('marks');
       this.legendFor(mode);
+      lap('legend');
+      this.timing = tm;
       const shown = picked.length;
       const inView = sw.s1 - sw.s0 + 1;
       this.rangeInfo.textContent = 'Showing events ' + fmtInt(Math.max(0, sw.s0 - 1)) + '–' + fmtInt(Math.max(0, sw.s1 - 1)) + ' of ' + fmtInt(d.n) +
@@ -653,6 +812,7 @@
       g.strokeStyle = colour; g.lineWidth = width;
       for (let i = 0; i < pcs.length; i++) {
         const ka = pcs[i][0], kb = i + 1 < pcs.length ? pcs[i + 1][0] : end;
+          if (ka >= kb && i > 0) continue;
         let xa = this.xOf(ka), xb = this.xOf(kb);
         if (xb - xa < 1) xb = xa + 1;
         const ya = py(pcs[i][1] + d.req[a]), yb = py(pcs[i][1]);
@@ -983,11 +1143,21 @@
         });
       }
       // Rows.
-      let order = layout.slice();
-      if (this.sort === 'free') order.sort((a, b) => b.largestHole - a.largestHole || b.free - a.free || a.address - b.address);
-      else if (this.sort === 'size') order.sort((a, b) => b.size - a.size || a.address - b.address);
       const MAXROWS = 1500;
-      this.segNote.textContent = order.length > MAXROWS ? 'The first ' + fmtInt(MAXROWS) + ' of ' + fmtInt(order.length) + ' segments are drawn (sorted ' + this.sortSel.selectedOptions[0].text + ').' : '';
+      let order = layout;
+      if (this.sort !== 'address') {
+        const keyOf = this.sort === 'free' ? (s) => s.largestHole : (s) => s.size;
+        // Only the rows shown are sorted: those at or above the MAXROWS-th key.
+        let cut = -Infinity;
+        if (layout.length > MAXROWS) {
+          const keys = Float64Array.from(layout, keyOf).sort();
+          cut = keys[keys.length - MAXROWS];
+        }
+        order = layout.filter((s) => keyOf(s) >= cut);
+        if (this.sort === 'free') order.sort((a, b) => b.largestHole - a.largestHole || b.free - a.free || a.address - b.address);
+        else order.sort((a, b) => b.size - a.size || a.address - b.address);
+      }
+      this.segNote.textContent = layout.length > MAXROWS ? 'The first ' + fmtInt(MAXROWS) + ' of ' + fmtInt(layout.length) + ' segments are drawn (sorted ' + this.sortSel.selectedOptions[0].text + ').' : '';
       order = order.slice(0, MAXROWS);
       this.segRows = order;
       const w = Math.max(400, this.segCanvas.parentElement.clientWidth - 2), rowH = 18, labelW = 250;
@@ -1001,6 +1171,7 @@
       const bw = w - labelW - 8;
       this.segGeom = { rowH, labelW, bw, maxSize };
       const match = d.matchAlloc;
+      let highlighted = 0;
       g.font = '11px ui-monospace, Menlo, Consolas, monospace'; g.textBaseline = 'middle';
       if (!order.length) { g.fillStyle = '#666'; g.fillText('No segment at this event.', 4, 10); }
       order.forEach((s, r) => {
@@ -1009,7 +1180,9 @@
         g.fillText(hex(s.address) + ' ' + fmtBytes(s.size).padStart(8) + ' ' + kinds[s.kind] + (h.pools[s.pool] && h.pools[s.pool] !== '(0,0)' ? ' pool' + h.pools[s.pool] : '') + (s.stream ? ' s' + s.stream : '') + (s.expandable ? ' exp' : ''), 2, y + rowH / 2);
         const sx = labelW, len = Math.max(2, s.size / maxSize * bw), sc = len / s.size;
         g.fillStyle = '#f3f3f3'; g.fillRect(sx, y + 2, len, rowH - 5);
-        s.blocks.forEach((b, bi) => {
+        const blocks = d.blocks(s);
+        s.largestHoleAt = blocks.largestHoleAt;
+        blocks.forEach((b, bi) => {
           const x = sx + b.offset * sc, wd = Math.max(b.alloc >= 0 ? 0.6 : 0.3, b.size * sc);
           if (b.alloc < 0) {
             g.fillStyle = bi === s.largestHoleAt && s === best ? '#fde0dd' : '#fbfbfb';
@@ -1022,11 +1195,12 @@
           g.fillStyle = d.colourOf(mode, a);
           g.fillRect(x, y + 2, wd, rowH - 5);
           g.globalAlpha = 1;
+          if (match && match[a]) highlighted++;
           if ((match && match[a]) || a === this.selected) { g.strokeStyle = a === this.selected ? '#000' : '#111'; g.lineWidth = a === this.selected ? 2 : 1; g.strokeRect(x + 0.5, y + 2.5, Math.max(0, wd - 1), rowH - 6); }
         });
         g.strokeStyle = '#999'; g.lineWidth = 0.5; g.strokeRect(sx + 0.5, y + 2.5, len - 1, rowH - 6);
       });
-      this.segLayout = { layout, best, usable, free, holes, reserved, allocated };
+      this.segLayout = { layout, best, usable, free, holes, reserved, allocated, highlighted };
     }
 
     segHit(ev) {
@@ -1038,7 +1212,7 @@
       const s = this.segRows && this.segRows[row];
       if (!s || x < g.labelW) return s ? { seg: s, alloc: -1 } : null;
       const off = (x - g.labelW) / (Math.max(2, s.size / g.maxSize * g.bw) / s.size);
-      const b = s.blocks.find((b) => off >= b.offset && off < b.offset + b.size);
+      const b = this.dev.blocks(s).find((b) => off >= b.offset && off < b.offset + b.size);
       return { seg: s, alloc: b ? b.alloc : -1, block: b };
     }
 
@@ -1074,8 +1248,8 @@
     api() {
       const self = this, d = this.dev;
       return {
-        device: d.h.device, file: d.h.file, events: d.n,
-        view: () => ({ v0: self.v0, v1: self.v1, y0: self.y0, y1: self.y1, drawMs: self.lastDrawMs, range: self.rangeInfo.textContent }),
+        device: d.h.device, file: d.h.file, events: d.n, _panel: self,
+        view: () => ({ v0: self.v0, v1: self.v1, y0: self.y0, y1: self.y1, drawMs: self.lastDrawMs, timing: self.timing, range: self.rangeInfo.textContent }),
         setView: (a, b) => self.setView(a, b),
         canvasRect: () => { const r = self.canvas.getBoundingClientRect(); return { x: r.left, y: r.top, w: r.width, h: r.height, left: M.left, top: M.top, plot: M.plot, pw: self.frame.pw }; },
         peak: () => { const r = self.canvas.getBoundingClientRect(); return { state: self.peakState, event: d.h.peak.event, bytes: d.h.peak.bytes, x: r.left + self.peakXY[0], y: r.top + self.peakXY[1], plotX: self.peakXY[0] }; },
@@ -1091,11 +1265,11 @@
           const f = self.frame, r = self.canvas.getBoundingClientRect();
           const py = (b) => M.top + M.plot - (b - f.y0) / (f.y1 - f.y0) * M.plot;
           const s = d.h.stack_site[d.stack[a]];
-          return { alloc: a, drawn: true, bytes: d.req[a], site: s >= 0 ? d.h.sites[s] : null, x: r.left + self.xOf(state + 0.5), y: r.top + (py(off) + py(off + d.req[a])) / 2 };
+          return { alloc: a, drawn: true, bytes: d.req[a], site: s >= 0 ? d.h.sites[s] : null, x: r.left + self.xOf(state + 0.5), y: r.top + (py(off) + py(off + d.req[a])) / 2, height: py(off) - py(off + d.req[a]) };
         },
         details: () => self.details.innerText,
         scrub: () => self.scrub,
-        segments: () => ({ summary: self.segSummary.innerText, oom: self.oomBox.hidden ? null : self.oomBox.innerText, largestHole: self.segLayout && self.segLayout.best ? self.segLayout.best.largestHole : 0, usableHole: self.segLayout && self.segLayout.usable ? self.segLayout.usable.largestHole : null, free: self.segLayout ? self.segLayout.free : 0, holes: self.segLayout ? self.segLayout.holes : 0, count: self.segLayout ? self.segLayout.layout.length : 0 }),
+        segments: () => ({ summary: self.segSummary.innerText, oom: self.oomBox.hidden ? null : self.oomBox.innerText, largestHole: self.segLayout && self.segLayout.best ? self.segLayout.best.largestHole : 0, usableHole: self.segLayout && self.segLayout.usable ? self.segLayout.usable.largestHole : null, free: self.segLayout ? self.segLayout.free : 0, holes: self.segLayout ? self.segLayout.holes : 0, count: self.segLayout ? self.segLayout.layout.length : 0, highlighted: self.segLayout ? self.segLayout.highlighted : 0 }),
         search: () => self.searchResult ? { count: self.searchResult.count, drawnMatches: self.frame.picked.filter((a) => d.matchAlloc && d.matchAlloc[a]).length } : null,
       };
     }
@@ -1104,11 +1278,13 @@
   // ---------- the page ----------
   async function main() {
     const t0 = performance.now();
+    const tIn = performance.now();
     const parts = await Promise.all([...document.querySelectorAll('script.snapscan-data')].map((s) => inflate(s.textContent)));
     const total = parts.reduce((s, p) => s + p.length, 0);
     const blob = new Uint8Array(total);
     let off = 0;
     for (const p of parts) { blob.set(p, off); off += p.length; }
+    window.snapscan.inflateMs = performance.now() - tIn;
     const hlen = new DataView(blob.buffer).getUint32(0, true);
     const header = JSON.parse(new TextDecoder().decode(blob.subarray(4, 4 + hlen)));
     const body = blob.subarray(4 + hlen);
@@ -1131,9 +1307,21 @@
     for (const b of bodies) views.append(b);
     function show(i) {
       bodies.forEach((b, j) => { b.hidden = j !== i; tabs.children[j].setAttribute('aria-selected', String(j === i)); });
-      if (!panels[i]) panels[i] = new Panel(new Device(header.devices[i], body, header.legend), bodies[i]);
+      if (!panels[i]) {
+        let t = performance.now();
+        const dev = new Device(header.devices[i], body, header.legend);
+        window.snapscan.decodeMs = performance.now() - t;
+        window.snapscan.decodeLaps = dev.tm;
+        t = performance.now();
+        panels[i] = new Panel(dev, bodies[i]);
+        window.snapscan.panelMs = performance.now() - t;
+      }
       active = i;
-      panels[i].draw(); panels[i].drawSegments();
+      panels[i].draw();
+      // From navigation start to the timeline's first paint.
+      if (window.snapscan.paintMs == null) window.snapscan.paintMs = performance.now();
+      // The segments after the timeline's first paint.
+      setTimeout(() => panels[i].drawSegments(), 0);
     }
     let active = 0;
     if (header.devices.length) show(0);
@@ -1146,6 +1334,6 @@
     window.snapscan.tabs = () => header.devices.map((h) => ({ file: h.file, device: h.device, oom: h.ooms.length > 0 }));
     window.snapscan.loadMs = performance.now() - t0;
   }
-  window.snapscan = {};
+  window.snapscan = { fmtBytes };
   window.snapscan.ready = main().then(() => true, (e) => { console.error(e); const v = document.getElementById('views'); v.append(el('p', { class: 'error', text: 'Could not show the snapshot: ' + e })); return false; });
 })();
