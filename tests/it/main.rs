@@ -14,5 +14,6 @@ mod replica;
 mod robustness;
 mod salvage;
 mod svg;
+mod view;
 mod work;
 mod workflow;

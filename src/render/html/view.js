@@ -714,7 +714,6 @@
       // neighbours differ), pixel-aligned.
       const match = d.matchAlloc;
       const paths = new Map();
-      const outlinePath = new Path2D();
       const pathOf = (colour, shade, faded) => {
         const key = colour + shade + (faded ? 'f' : '');
         let p = paths.get(key);
@@ -740,16 +739,14 @@
           if (rh < 1 && !(match && matched)) continue;
           rh = Math.max(1, rh);
           path.rect(xa, ry, xb - xa, rh);
-          if (match && matched) outlinePath.rect(xa + 0.5, ry + 0.5, Math.max(0, xb - xa - 1), Math.max(0, rh - 1));
         }
       }
       for (const p of paths.values()) {
-        g.globalAlpha = p.faded ? 0.22 : 1;
+        g.globalAlpha = p.faded ? 0.15 : 1;
         g.fillStyle = p.colour;
         g.fill(p.path);
       }
       g.globalAlpha = 1;
-      if (match) { g.strokeStyle = '#111'; g.lineWidth = 1; g.stroke(outlinePath); }
       lap('pieces');
       if (this.selected >= 0 && st.pieces.has(this.selected)) this.outline(g, this.selected, py, '#000', 2.5);
       // Reserved bytes.
