@@ -97,7 +97,9 @@ fn cells(line: &str) -> Vec<String> {
     while let Some(c) = chars.next() {
         match c {
             '\\' if chars.peek() == Some(&'|') => {
-                out.last_mut().map(|s| s.push('|'));
+                if let Some(s) = out.last_mut() {
+                    s.push('|');
+                }
                 chars.next();
             }
             '|' => out.push(String::new()),

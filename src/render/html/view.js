@@ -20,6 +20,7 @@
   const CHECK = 64; // states per block of the level sweep's summaries
   const M = { left: 78, right: 16, top: 26, plot: 380, band: 16, axis: 34 };
   const UNKNOWN_PHASE = 5;
+  const ABBREV = { forward: 'fwd', backward: 'bwd', optimizer: 'opt', unknown: '?' };
 
   // ---------- formatting ----------
   function fmtBytes(b) {
@@ -43,6 +44,12 @@
     }
     for (const c of kids) if (c != null) e.append(c);
     return e;
+  }
+  // A frame's text with line-break opportunities after its slashes, colons and dots.
+  function breakable(text) {
+    const out = [];
+    for (const part of text.split(/(?<=[/:.])/)) { out.push(part); out.push(document.createElement('wbr')); }
+    return out;
   }
   function niceStep(span, ticks) {
     const raw = span / Math.max(1, ticks);
@@ -748,7 +755,7 @@
       }
       g.globalAlpha = 1;
       lap('pieces');
-      if (this.selected >= 0 && st.pieces.has(this.selected)) this.outline(g, this.selected, py, '#000', 2.5);
+      if (this.selected >= 0 && st.pieces.has(this.selected)) this.outline(g, this.selected, py);
       // Reserved bytes.
       g.strokeStyle = '#222'; g.lineWidth = 1.2; g.setLineDash([6, 3]);
       g.beginPath();
@@ -803,18 +810,25 @@
       this.canvas.dataset.drawMs = this.lastDrawMs.toFixed(1);
     }
 
-    outline(g, a, py, colour, width) {
+    // The selected allocation: darkened, with a thin edge along its top and bottom.
+    outline(g, a, py) {
       const d = this.dev, st = this.frame.st, pcs = st.pieces.get(a);
       const end = Math.min(d.end[a], this.frame.sw.s1 + 1);
-      g.strokeStyle = colour; g.lineWidth = width;
+      const shape = new Path2D(), edge = new Path2D();
       for (let i = 0; i < pcs.length; i++) {
         const ka = pcs[i][0], kb = i + 1 < pcs.length ? pcs[i + 1][0] : end;
-          if (ka >= kb && i > 0) continue;
-        let xa = this.xOf(ka), xb = this.xOf(kb);
+        if (ka >= kb && i > 0) continue;
+        let xa = Math.round(this.xOf(ka)), xb = Math.round(this.xOf(kb));
         if (xb - xa < 1) xb = xa + 1;
-        const ya = py(pcs[i][1] + d.req[a]), yb = py(pcs[i][1]);
-        g.strokeRect(xa, ya, xb - xa, Math.max(1, yb - ya));
+        const ya = Math.round(py(pcs[i][1] + d.req[a])), yb = Math.max(ya + 2, Math.round(py(pcs[i][1])));
+        shape.rect(xa, ya, xb - xa, yb - ya);
+        edge.moveTo(xa, ya + 0.5); edge.lineTo(xb, ya + 0.5);
+        edge.moveTo(xa, yb - 0.5); edge.lineTo(xb, yb - 0.5);
       }
+      g.fillStyle = 'rgba(0,0,0,0.45)';
+      g.fill(shape);
+      g.strokeStyle = '#000'; g.lineWidth = 1;
+      g.stroke(edge);
     }
 
     drawPhases(g, pw, top) {
@@ -832,9 +846,10 @@
         const x = M.left + runStart, wdt = c1 - runStart;
         g.fillStyle = L.phase_colours[p[0]];
         g.fillRect(x, top, wdt, M.band - 2);
-        const label = L.phases[p[0]] + (p[1] >= 0 ? ' ' + p[1] : '');
         g.font = '10px system-ui, sans-serif';
-        if (g.measureText(label).width + 6 < wdt) {
+        const name = L.phases[p[0]], short = ABBREV[name] || name, step = p[1] >= 0 ? ' ' + p[1] : '';
+        const label = [name + step, short + step, short].find((t) => g.measureText(t).width + 6 < wdt);
+        if (label) {
           g.fillStyle = L.phase_ink[p[0]]; g.textAlign = 'center'; g.textBaseline = 'middle';
           g.fillText(label, x + wdt / 2, top + (M.band - 2) / 2);
         }
@@ -1048,13 +1063,13 @@
       const out = el('div', { class: 'stack' }, el('h5', { text: title + ' — innermost first' }));
       const py = st.filter((f) => !frames[f][1]), cpp = st.filter((f) => frames[f][1]);
       const ol = el('ol', {});
-      for (const f of py) ol.append(el('li', { text: frames[f][0] }));
+      for (const f of py) ol.append(el('li', {}, ...breakable(frames[f][0])));
       out.append(ol);
       if (!py.length) out.append(el('p', { class: 'muted', text: 'No Python frame.' }));
       if (cpp.length) {
         const det = el('details', {}, el('summary', { text: cpp.length + ' C++ frame' + (cpp.length > 1 ? 's' : '') + ' (folded)' }));
         const ol2 = el('ol', {});
-        for (const f of cpp) ol2.append(el('li', { text: frames[f][0] }));
+        for (const f of cpp) ol2.append(el('li', {}, ...breakable(frames[f][0])));
         det.append(ol2);
         out.append(det);
       }
