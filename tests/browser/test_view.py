@@ -196,3 +196,25 @@ def test_one_tab_per_device_with_the_oom_device_first(browser, work):
     assert o.api("p.device") == 1
     assert not o.errors
     o.close()
+
+
+def test_every_allocation_of_a_thousandth_of_the_peak_is_drawn_once_zoomed_in(opened, case):
+    # For each such allocation (a sample of them on big files): zoomed to the event after its
+    # birth, it is one of the allocations drawn one by one.
+    missing = opened.page.evaluate(
+        """() => {
+          const p = window.snapscan.panel()._panel, d = p.dev, min = d.h.peak.bytes / 1000;
+          const all = [];
+          for (let i = 0; i < d.N; i++) if (d.req[i] >= min) all.push(i);
+          const step = Math.max(1, Math.floor(all.length / 150));
+          const missing = [];
+          for (let j = 0; j < all.length; j += step) {
+            const a = all[j], k = Math.min(d.end[a] - 1, Math.max(d.birth[a], 0));
+            p.setView(k, k + 1);
+            if (!p.frame.st.pieces.has(a)) missing.push([a, d.req[a], k]);
+          }
+          p.reset();
+          return missing;
+        }"""
+    )
+    assert missing == []
