@@ -218,3 +218,31 @@ def test_every_allocation_of_a_thousandth_of_the_peak_is_drawn_once_zoomed_in(op
         }"""
     )
     assert missing == []
+
+
+def _all_fixtures():
+    import glob
+
+    return sorted(glob.glob(fixture("real", "*.pickle")) + glob.glob(fixture("synth", "*.pickle*")))
+
+
+def test_every_fixture_opens_without_errors(browser, work):
+    import os
+
+    for path in _all_fixtures():
+        out = os.path.join(work, os.path.basename(path) + ".html")
+        run("view", path, "-o", out)
+        o = Opened(browser, out, width=1000, height=700)
+        # Exercise the views: zoom, a click in the plot, every device's tab, a search.
+        r = o.api("p.canvasRect()")
+        o.page.mouse.move(r["x"] + r["left"] + r["pw"] / 2, r["y"] + r["top"] + r["plot"] / 2)
+        o.page.mouse.wheel(0, -300)
+        o.page.mouse.click(r["x"] + r["left"] + r["pw"] / 2, r["y"] + r["top"] + r["plot"] - 3)
+        for i in range(len(o.page.evaluate("window.snapscan.tabs()"))):
+            o.page.evaluate(f"window.snapscan.panel({i})")
+        o.page.locator(".panel:not([hidden]) input[type=search]").fill("forward")
+        o.page.wait_for_timeout(250)
+        assert not o.errors, (path, o.errors)
+        assert [m for m in o.console if m[0] == "error"] == [], path
+        assert o.requests == [o.url], path
+        o.close()
