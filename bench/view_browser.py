@@ -58,6 +58,9 @@ def main():
         "paint_ms": [round(x) for x in paints],
         "zoom_step_ms_median": round(statistics.median(zooms), 1),
         "zoom_step_ms_max": round(max(zooms), 1),
+        "zoom_steps_over_100ms": sum(z > 100 for z in zooms),
+        "zoom_steps": len(zooms),
+        "zoom_ms_first_run": [round(z) for z in results[0]["zoom_ms"]],
         "scrub_ms_median": round(statistics.median(scrubs), 1),
         "scrub_ms_max": round(max(scrubs), 1),
     }, indent=1))

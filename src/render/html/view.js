@@ -397,9 +397,15 @@
         else if (c === thr) edge.push(i);
       }
       if (thr > 0 && edge.length) {
-        edge.sort((a, b) => this.req[b] - this.req[a] || a - b);
-        for (let t = 0; t < need && t < edge.length; t++) out.push(edge[t]);
-        out.sort((a, b) => a - b);
+        // The `need` largest of the edge class (ties: the earliest born), without a comparator
+        // sort: a big trace has 10^5 allocations of one size.
+        const sizes = Float64Array.from(edge, (a) => this.req[a]).sort();
+        const cut = sizes[Math.max(0, sizes.length - need)];
+        let above = 0;
+        for (const a of edge) if (this.req[a] > cut) { out.push(a); above++; }
+        let left = Math.min(need, edge.length) - above;
+        for (let t = 0; t < edge.length && left > 0; t++) if (this.req[edge[t]] === cut) { out.push(edge[t]); left--; }
+        return Array.from(Uint32Array.from(out).sort());
       }
       return out;
     }
@@ -490,9 +496,18 @@
       const out = new Array(G);
       for (let g = 0; g < G; g++) {
         const s = segs[g], from = count[g], to = count[g + 1];
-        if (to - from > 1) grouped.subarray(from, to).sort(byAddr);
+        if (to - from > 32) grouped.subarray(from, to).sort(byAddr);
+        else {
+          // Insertion sort: most segments hold a few blocks, and a sort call per segment costs more.
+          for (let i = from + 1; i < to; i++) {
+            const a = grouped[i];
+            let j = i - 1;
+            while (j >= from && byAddr(grouped[j], a) > 0) { grouped[j + 1] = grouped[j]; j--; }
+            grouped[j + 1] = a;
+          }
+        }
         const base = this.sAddr[s], size = this.sSize[s], stop = base + size;
-        const L = { seg: s, address: base, size, stream: this.sStream[s], pool: this.sPool[s], kind: this.sKind[s] & 3, expandable: (this.sKind[s] & 4) !== 0, allocated: 0, requested: 0, free: 0, holes: 0, largestHole: 0, list: grouped.subarray(from, to), state: k };
+        const L = { seg: s, address: base, size, stream: this.sStream[s], pool: this.sPool[s], kind: this.sKind[s] & 3, expandable: (this.sKind[s] & 4) !== 0, allocated: 0, requested: 0, free: 0, holes: 0, largestHole: 0, grouped, from, to, state: k };
         let cursor = base;
         for (let i = from; i < to; i++) {
           const a = grouped[i];
@@ -520,7 +535,8 @@
           blocks.push({ offset: from - base, size: to - from, alloc: -1 });
         }
       };
-      for (const a of L.list) {
+      for (let i = L.from; i < L.to; i++) {
+        const a = L.grouped[i];
         const start = Math.max(this.addr[a], cursor), end = Math.min(this.addr[a] + this.blk[a], stop);
         if (end <= start) continue;
         hole(cursor, start);
@@ -628,7 +644,11 @@
       this.oomBox = el('div', { class: 'oom-box', hidden: '' });
       this.segCanvas = el('canvas', { class: 'segments', 'aria-label': 'segments' });
       this.segNote = el('p', { class: 'muted' });
-      const segWrap = el('div', { class: 'seg-wrap' }, this.segCanvas);
+      // Only the rows in sight are drawn: the canvas sits at the scroll position in a spacer
+      // as tall as every row.
+      this.segSpacer = el('div', { class: 'seg-spacer' }, this.segCanvas);
+      const segWrap = (this.segWrap = el('div', { class: 'seg-wrap' }, this.segSpacer));
+      segWrap.addEventListener('scroll', () => { if (!this.rowsPending) { this.rowsPending = true; requestAnimationFrame(() => { this.rowsPending = false; this.paintRows(); }); } });
       root.append(this.head, tools, this.rangeInfo,
         el('div', { class: 'split' }, el('div', { class: 'left' }, wrap, this.legendBox, hint), this.details),
         el('h3', { text: 'Allocator state at an event: segments and their blocks' }), segTools, this.segSummary, this.oomBox, segWrap, this.segNote);
@@ -811,6 +831,15 @@
     }
 
     // The selected allocation: darkened, with a thin edge along its top and bottom.
+    warm() {
+      const d = this.dev, mode = d.mode(this.modeName), W = Math.round(this.size().pw);
+      for (const f of [0.5, 0.05]) {
+        const w = (d.n + 1) * f, v0 = Math.max(0, this.peakState - w / 2), v1 = Math.min(d.n + 1, v0 + w);
+        const sw = d.sweep(mode, v0, v1, W), picked = d.pick(sw.s0, sw.s1);
+        d.stackUp(mode, picked, sw.s0, sw.s1, v0, W / (v1 - v0), 1);
+      }
+    }
+
     outline(g, a, py) {
       const d = this.dev, st = this.frame.st, pcs = st.pieces.get(a);
       const end = Math.min(d.end[a], this.frame.sw.s1 + 1);
@@ -1155,7 +1184,7 @@
         });
       }
       // Rows.
-      const MAXROWS = 1500;
+      const MAXROWS = 10000;
       let order = layout;
       if (this.sort !== 'address') {
         const keyOf = this.sort === 'free' ? (s) => s.largestHole : (s) => s.size;
@@ -1172,34 +1201,49 @@
       this.segNote.textContent = layout.length > MAXROWS ? 'The first ' + fmtInt(MAXROWS) + ' of ' + fmtInt(layout.length) + ' segments are drawn (sorted ' + this.sortSel.selectedOptions[0].text + ').' : '';
       order = order.slice(0, MAXROWS);
       this.segRows = order;
-      const w = Math.max(400, this.segCanvas.parentElement.clientWidth - 2), rowH = 18, labelW = 250;
-      const Hc = Math.max(1, order.length) * rowH + 4, dpr = window.devicePixelRatio || 1;
+      const match = d.matchAlloc;
+      let highlighted = 0;
+      if (match) for (const L of order) for (let i = L.from; i < L.to; i++) highlighted += match[L.grouped[i]];
+      this.segBest = best; this.segUsable = usable;
+      const rowH = 18;
+      this.segSpacer.style.height = (Math.max(1, order.length) * rowH + 4) + 'px';
+      this.paintRows();
+      this.segLayout = { layout, best, usable, free, holes, reserved, allocated, highlighted };
+    }
+
+    // Draws the rows of segments in sight.
+    paintRows() {
+      const d = this.dev, h = d.h, order = this.segRows || [], mode = d.mode(this.modeName);
+      const best = this.segBest, usable = this.segUsable, kinds = ['small', 'large', 'unknown'];
+      const w = Math.max(400, this.segWrap.clientWidth - 2), rowH = 18, labelW = 250;
+      const first = Math.floor(this.segWrap.scrollTop / rowH);
+      const rows = Math.min(order.length - first, Math.ceil(this.segWrap.clientHeight / rowH) + 2);
+      const Hc = Math.max(1, rows) * rowH + 4, dpr = window.devicePixelRatio || 1;
       this.segCanvas.width = Math.round(w * dpr); this.segCanvas.height = Math.round(Hc * dpr);
       this.segCanvas.style.width = w + 'px'; this.segCanvas.style.height = Hc + 'px';
+      this.segCanvas.style.top = first * rowH + 'px';
       const g = this.segCanvas.getContext('2d');
       g.setTransform(dpr, 0, 0, dpr, 0, 0);
       g.clearRect(0, 0, w, Hc);
       const maxSize = order.reduce((m, s) => Math.max(m, s.size), 1);
       const bw = w - labelW - 8;
-      this.segGeom = { rowH, labelW, bw, maxSize };
+      this.segGeom = { rowH, labelW, bw, maxSize, first };
       const match = d.matchAlloc;
-      let highlighted = 0;
       g.font = '11px ui-monospace, Menlo, Consolas, monospace'; g.textBaseline = 'middle';
       if (!order.length) { g.fillStyle = '#666'; g.fillText('No segment at this event.', 4, 10); }
-      order.forEach((s, r) => {
-        const y = 2 + r * rowH;
+      for (let r = first; r < first + rows; r++) {
+        const s = order[r], y = 2 + (r - first) * rowH;
         g.fillStyle = '#333'; g.textAlign = 'left';
         g.fillText(hex(s.address) + ' ' + fmtBytes(s.size).padStart(8) + ' ' + kinds[s.kind] + (h.pools[s.pool] && h.pools[s.pool] !== '(0,0)' ? ' pool' + h.pools[s.pool] : '') + (s.stream ? ' s' + s.stream : '') + (s.expandable ? ' exp' : ''), 2, y + rowH / 2);
         const sx = labelW, len = Math.max(2, s.size / maxSize * bw), sc = len / s.size;
         g.fillStyle = '#f3f3f3'; g.fillRect(sx, y + 2, len, rowH - 5);
         const blocks = d.blocks(s);
-        s.largestHoleAt = blocks.largestHoleAt;
         blocks.forEach((b, bi) => {
           const x = sx + b.offset * sc, wd = Math.max(b.alloc >= 0 ? 0.6 : 0.3, b.size * sc);
           if (b.alloc < 0) {
-            g.fillStyle = bi === s.largestHoleAt && s === best ? '#fde0dd' : '#fbfbfb';
+            g.fillStyle = bi === blocks.largestHoleAt && s === best ? '#fde0dd' : '#fbfbfb';
             g.fillRect(x, y + 2, wd, rowH - 5);
-            if (bi === s.largestHoleAt) { g.strokeStyle = s === best || s === usable ? '#d62728' : '#bbb'; g.lineWidth = 1; g.strokeRect(x + 0.5, y + 2.5, Math.max(0, wd - 1), rowH - 6); }
+            if (bi === blocks.largestHoleAt) { g.strokeStyle = s === best || s === usable ? '#d62728' : '#bbb'; g.lineWidth = 1; g.strokeRect(x + 0.5, y + 2.5, Math.max(0, wd - 1), rowH - 6); }
             return;
           }
           const a = b.alloc;
@@ -1207,12 +1251,10 @@
           g.fillStyle = d.colourOf(mode, a);
           g.fillRect(x, y + 2, wd, rowH - 5);
           g.globalAlpha = 1;
-          if (match && match[a]) highlighted++;
           if ((match && match[a]) || a === this.selected) { g.strokeStyle = a === this.selected ? '#000' : '#111'; g.lineWidth = a === this.selected ? 2 : 1; g.strokeRect(x + 0.5, y + 2.5, Math.max(0, wd - 1), rowH - 6); }
         });
         g.strokeStyle = '#999'; g.lineWidth = 0.5; g.strokeRect(sx + 0.5, y + 2.5, len - 1, rowH - 6);
-      });
-      this.segLayout = { layout, best, usable, free, holes, reserved, allocated, highlighted };
+      }
     }
 
     segHit(ev) {
@@ -1220,7 +1262,7 @@
       const x = ev.clientX - r.left, y = ev.clientY - r.top;
       const g = this.segGeom;
       if (!g) return null;
-      const row = Math.floor((y - 2) / g.rowH);
+      const row = g.first + Math.floor((y - 2) / g.rowH);
       const s = this.segRows && this.segRows[row];
       if (!s || x < g.labelW) return s ? { seg: s, alloc: -1 } : null;
       const off = (x - g.labelW) / (Math.max(2, s.size / g.maxSize * g.bw) / s.size);
@@ -1332,8 +1374,10 @@
       panels[i].draw();
       // From navigation start to the timeline's first paint.
       if (window.snapscan.paintMs == null) window.snapscan.paintMs = performance.now();
-      // The segments after the timeline's first paint.
-      setTimeout(() => panels[i].drawSegments(), 0);
+      // The segments after the timeline's first paint; then, while the page is idle, one
+      // zoomed-in round of the timeline's work (not drawn), so that the first zoom step does
+      // not wait for the engine to compile it.
+      setTimeout(() => { panels[i].drawSegments(); setTimeout(() => panels[i].warm(), 0); }, 0);
     }
     let active = 0;
     if (header.devices.length) show(0);
