@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
 use super::super::svg;
-use crate::analysis::callsite::{call_site, format_frame, viewer_shows};
+use crate::analysis::callsite::{call_site, format_frame, is_native, viewer_shows};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::layout::segment_lifetimes;
 use crate::analysis::phase::{find_phases, Phase};
@@ -139,11 +139,7 @@ impl<'a> Stacks<'a> {
                     continue;
                 }
                 let text = format_frame(interner, f);
-                let native = file.is_empty()
-                    || file == "??"
-                    || [".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh", ".c"]
-                        .iter()
-                        .any(|e| file.ends_with(e));
+                let native = is_native(name, file);
                 let next = frame_index.len() as u32;
                 let k = *frame_index.entry(text.clone()).or_insert_with(|| {
                     frames.push(json!([text, native as u8]));

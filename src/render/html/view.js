@@ -124,9 +124,6 @@
     constructor(h, blob, legend) {
       this.h = h;
       this.legend = legend;
-      let tq = performance.now();
-      this.tm = {};
-      const lap = (name) => { const t = performance.now(); this.tm[name] = +(t - tq).toFixed(1); tq = t; };
       const n = (this.n = h.events);
       const N = (this.N = h.allocations);
       const col = (name, count, Arr, mode) => {
@@ -134,7 +131,6 @@
         return Arr === Float64Array ? varintsF64(blob, off, len, count, new Float64Array(count), mode) : varintsU32(blob, off, len, count, new Uint32Array(count), mode);
       };
       this.col = col;
-      lap('m0');
       const raw = (name) => { const [off, len] = h.columns[name]; return blob.subarray(off, off + len); };
       const birth = (this.birth = col('birth', N, Uint32Array, 1));
       const end = (this.end = col('life', N, Uint32Array));
@@ -147,12 +143,10 @@
       this.stream = col('stream', N, Uint32Array);
       const pend = (this.pend = col('pend', N, Uint32Array));
       for (let i = 0; i < N; i++) if (pend[i]) pend[i] = end[i] - pend[i] + 1;
-      lap('m1');
       const flags = raw('flags');
       this.cat = new Uint8Array(N); this.conf = new Uint8Array(N); this.origin = new Uint8Array(N);
       for (let i = 0; i < N; i++) { const f = flags[i]; this.cat[i] = f & 7; this.conf[i] = (f >> 3) & 3; this.origin[i] = f >> 5; }
       this.times = null; // decoded on first use (see time())
-      lap('m2');
       const S = (this.S = h.segments);
       this.sAddr = col('seg_addr', S, Float64Array, 2);
       this.sSize = col('seg_size', S, Float64Array);
@@ -162,7 +156,6 @@
       this.sLast = col('seg_span', S, Uint32Array);
       for (let s = 0; s < S; s++) this.sLast[s] += this.sFirst[s];
       this.sKind = raw('seg_kind');
-      lap('m3');
       // Phases: intervals [phase, step, first, last]; the phase of each allocation's birth.
       const ph = h.phases;
       this.phFirst = Int32Array.from(ph, (p) => p[2]);
@@ -175,18 +168,15 @@
         while (iv < ph.length && this.phLast[iv] < e) iv++;
         this.birthPhase[i] = iv < ph.length && this.phFirst[iv] <= e ? ph[iv][0] : UNKNOWN_PHASE;
       }
-      lap('m4');
       // Deaths in order of end state (counting sort).
       const counts = new Uint32Array(n + 3);
       for (let i = 0; i < N; i++) counts[this.end[i] + 1]++;
       for (let k = 1; k < counts.length; k++) counts[k] += counts[k - 1];
       this.deathOrder = new Uint32Array(N);
       for (let i = 0; i < N; i++) this.deathOrder[counts[this.end[i]]++] = i;
-      lap('m5');
       // Size classes (quarter powers of two) for picking the largest in a view.
       this.sizeClass = new Uint8Array(N);
       for (let i = 0; i < N; i++) this.sizeClass[i] = sizeClass(req[i]);
-      lap('m6');
       // Reserved bytes as changes over the states.
       // (Sorted as packed keys state * SH + segment: a numeric sort, no comparator.)
       const SH = Math.pow(2, Math.ceil(Math.log2(S + 1)));
@@ -204,7 +194,6 @@
         lvl += takeUp ? this.sSize[segOf(key)] : -this.sSize[segOf(key)];
         this.resState[r] = state; this.resLevel[r] = lvl; r++;
       }
-      lap('m7');
       // Which stacks match the search.
       this.match = null;
       this.matchAlloc = null;
@@ -217,16 +206,6 @@
       return this.times[event];
     }
 
-    phaseOf(event) {
-      let lo = 0, hi = this.phFirst.length - 1;
-      while (lo <= hi) {
-        const m = (lo + hi) >> 1;
-        if (this.phLast[m] < event) lo = m + 1;
-        else if (this.phFirst[m] > event) hi = m - 1;
-        else return this.h.phases[m][0];
-      }
-      return UNKNOWN_PHASE;
-    }
     intervalOf(event) {
       let lo = 0, hi = this.phFirst.length - 1;
       while (lo <= hi) {
@@ -237,21 +216,12 @@
       }
       return -1;
     }
+
     // Allocations with birth <= k are [0, bornBy(k)).
     bornBy(k) {
       let lo = 0, hi = this.N;
       while (lo < hi) { const m = (lo + hi) >> 1; if (this.birth[m] <= k) lo = m + 1; else hi = m; }
       return lo;
-    }
-    diedBy(k) {
-      let lo = 0, hi = this.N;
-      while (lo < hi) { const m = (lo + hi) >> 1; if (this.end[this.deathOrder[m]] <= k) lo = m + 1; else hi = m; }
-      return lo;
-    }
-    reservedAt(k) {
-      let lo = 0, hi = this.resState.length;
-      while (lo < hi) { const m = (lo + hi) >> 1; if (this.resState[m] <= k) lo = m + 1; else hi = m; }
-      return lo ? this.resLevel[lo - 1] : 0;
     }
 
     // Colouring modes: a key per allocation (the summarised bands stack by key).
@@ -1365,7 +1335,6 @@
         let t = performance.now();
         const dev = new Device(header.devices[i], body, header.legend);
         window.snapscan.decodeMs = performance.now() - t;
-        window.snapscan.decodeLaps = dev.tm;
         t = performance.now();
         panels[i] = new Panel(dev, bodies[i]);
         window.snapscan.panelMs = performance.now() - t;
