@@ -78,6 +78,10 @@ pub enum Command {
         /// instead of failing; stderr and the report say what is missing.
         #[arg(long)]
         salvage: bool,
+        /// Write one self-contained HTML page instead (the report rendered, with the interactive
+        /// timeline, segments and search of `snapscan view`); --format is then ignored.
+        #[arg(long, conflicts_with = "svg")]
+        html: bool,
         /// JSON: every allocation alive at the peak and every segment (default: the 100
         /// largest allocations and the 100 segments with the most free bytes, plus the sums of
         /// the rest in `live_at_peak_omitted` / `segments_omitted`).
@@ -86,12 +90,35 @@ pub enum Command {
         /// One line per file: the device that ran out of memory, the failing call site and
         /// roughly how much must be freed for the request to fit (or the peak when there was no
         /// OOM); unreadable inputs get a line too.
-        #[arg(long, conflicts_with_all = ["format", "full", "svg", "stacks"])]
+        #[arg(long, conflicts_with_all = ["format", "full", "svg", "stacks", "html"])]
         brief: bool,
         /// The files are the ranks of one job even without rank numbers in their names: flag
         /// outliers in the cross-file table.
         #[arg(long)]
         ranks: bool,
+    },
+    /// Interactive viewer: one self-contained HTML file (no network request of any kind) with
+    /// the report, a zoomable memory timeline, allocation details and stacks, the allocator state
+    /// at any event and search by call site, one tab per device (the OOM device first).
+    #[command(
+        after_help = "Examples:\n  snapscan view speicher.pickle -o view.html\n  snapscan view --device 1 rank3.pickle.zst -o rank3.html\nWithout -o the page is written to view.html in the current directory; `-o -` writes it to stdout.\nIn the page: wheel = zoom, drag = zoom into a range, shift+drag = zoom into a box (bytes too),\nalt+drag or arrow keys = pan, double-click = whole trace, click = details; [ ] step the segments' event."
+    )]
+    View {
+        /// Snapshot files (`-` for stdin); several files get one tab per file and device.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        /// How many rows per table in the report.
+        #[arg(long, default_value_t = 8)]
+        top: usize,
+        /// Output file (`-` for stdout).
+        #[arg(short, long, default_value = "view.html")]
+        output: PathBuf,
+        /// Recover what is complete from a pickle cut short instead of failing.
+        #[arg(long)]
+        salvage: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -368,7 +395,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             full,
             brief,
             ranks,
+            html,
         } => {
+            if html {
+                return view_page(&files, device, top, stacks, output, salvage);
+            }
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
             for u in &unreadable {
@@ -443,6 +474,20 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 code,
             })
         }
+        Command::View {
+            files,
+            device,
+            top,
+            output,
+            salvage,
+        } => view_page(
+            &files,
+            device,
+            top,
+            None,
+            (output.as_os_str() != "-").then_some(output),
+            salvage,
+        ),
         Command::Timeline {
             file,
             device,
@@ -628,6 +673,58 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             })
         }
     }
+}
+
+/// `view` and `report --html`: the report and the interactive panels in one HTML page.
+fn view_page(
+    files: &[PathBuf],
+    device: Option<i64>,
+    top: usize,
+    stacks: Option<StackFrames>,
+    output: Option<PathBuf>,
+    salvage: bool,
+) -> Result<Outcome, anyhow::Error> {
+    let (loaded, unreadable) = load_readable(files, salvage)?;
+    for u in &unreadable {
+        eprintln!("snapscan: error: {}", u.error);
+    }
+    let named: Vec<(&str, &snapshot::Snapshot)> = loaded
+        .iter()
+        .map(|l| (l.name.as_str(), &l.snapshot))
+        .collect();
+    let panels = crate::render::html::panels(&named, device)?;
+    let title = match loaded.as_slice() {
+        [one] => format!("snapscan view: {}", one.name),
+        many => format!("snapscan view: {} files", many.len()),
+    };
+    let code = if unreadable.is_empty() { 0 } else { 2 };
+    let markdown = || {
+        let options = analysis::report::ReportOptions {
+            device,
+            ..Default::default()
+        };
+        let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
+        let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
+        let report = crate::report::Report {
+            schema_version: SCHEMA_VERSION,
+            files: reports,
+            ranks,
+            unreadable,
+        };
+        let view = crate::render::report_text::View {
+            top,
+            stacks: stacks.is_some(),
+            python_only: stacks == Some(StackFrames::Python),
+        };
+        crate::render::report_text::markdown(&report, &view)
+    };
+    let bytes = crate::render::html::page(&title, markdown, &panels);
+    exit_soon(loaded);
+    Ok(Outcome {
+        output: bytes,
+        target: output,
+        code,
+    })
 }
 
 /// `report --svg DIR`: writes timeline and segments pictures of every file into `dir` and

@@ -32,7 +32,7 @@ pub fn viewer_shows(name: &str, filename: &str) -> bool {
 }
 
 /// A C++ frame (from `stacks="all"`): no Python file behind it.
-fn is_native(name: &str, filename: &str) -> bool {
+pub fn is_native(name: &str, filename: &str) -> bool {
     filename.is_empty()
         || filename == "??"
         || [".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh", ".c"]

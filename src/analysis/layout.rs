@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use super::replay::DeviceReplay;
-use crate::snapshot::{Action, BlockState, PoolKind, Snapshot};
+use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, TraceEntry};
 
 /// The moment a layout describes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub struct SegmentLayout {
 }
 
 #[derive(Clone, Debug)]
-struct SegInfo {
+pub(crate) struct SegInfo {
     address: u64,
     size: u64,
     stream: u64,
@@ -175,104 +175,210 @@ fn segments_at(
     let events = &replay.segment_events;
     let from = events.partition_point(|&i| (i as usize) < first_undone);
     for e in events[from..].iter().rev().map(|&i| trace.at(i as usize)) {
-        match e.action {
-            Action::SegmentAlloc => {
-                segs.remove(&e.addr);
-            }
-            Action::SegmentFree => {
-                segs.insert(
-                    e.addr,
-                    SegInfo {
-                        address: e.addr,
-                        size: e.size,
-                        stream: e.stream,
-                        pool_id: None,
-                        pool_kind: guess_kind(e.size),
-                        expandable: false,
-                    },
-                );
-            }
-            Action::SegmentMap => {
-                // Carve the mapped range out of the run that contains it.
-                let containing = segs
-                    .range(..=e.addr)
-                    .next_back()
-                    .map(|(_, s)| s.clone())
-                    .filter(|s| e.addr < s.address.saturating_add(s.size));
-                if let Some(s) = containing {
-                    segs.remove(&s.address);
-                    let end = s.address.saturating_add(s.size);
-                    let cut_end = e.addr.saturating_add(e.size).min(end);
-                    if e.addr > s.address {
-                        segs.insert(
-                            s.address,
-                            SegInfo {
-                                size: e.addr - s.address,
-                                ..s.clone()
-                            },
-                        );
-                    }
-                    if cut_end < end {
-                        segs.insert(
-                            cut_end,
-                            SegInfo {
-                                address: cut_end,
-                                size: end - cut_end,
-                                ..s
-                            },
-                        );
-                    }
-                }
-            }
-            Action::SegmentUnmap => {
-                let mut start = e.addr;
-                let mut end = e.addr.saturating_add(e.size);
-                let template = segs.range(..=e.addr).next_back().map(|(_, s)| s.clone());
-                // Merge with touching expandable runs of the same stream.
-                if let Some(prev) = segs
-                    .range(..e.addr)
-                    .next_back()
-                    .map(|(_, s)| s.clone())
-                    .filter(|p| {
-                        p.address.saturating_add(p.size) == e.addr
-                            && p.expandable
-                            && p.stream == e.stream
-                    })
-                {
-                    segs.remove(&prev.address);
-                    start = prev.address;
-                }
-                if let Some(next) = segs
-                    .get(&end)
-                    .cloned()
-                    .filter(|n| n.expandable && n.stream == e.stream)
-                {
-                    segs.remove(&next.address);
-                    end = next.address.saturating_add(next.size);
-                }
-                let t = template.unwrap_or(SegInfo {
-                    address: start,
-                    size: 0,
+        undo_segment_event(&mut segs, &e, &mut |_| {});
+    }
+    segs
+}
+
+/// How a segment took part in undoing a segment event.
+pub(crate) enum SegChange<'a> {
+    /// It existed after the event, not before it.
+    Removed(&'a SegInfo),
+    /// It existed before the event, not after it.
+    Inserted(&'a SegInfo),
+}
+
+fn remove(segs: &mut BTreeMap<u64, SegInfo>, addr: u64, change: &mut dyn FnMut(SegChange)) {
+    if let Some(s) = segs.remove(&addr) {
+        change(SegChange::Removed(&s));
+    }
+}
+
+fn insert(
+    segs: &mut BTreeMap<u64, SegInfo>,
+    change: &mut dyn FnMut(SegChange),
+    addr: u64,
+    info: SegInfo,
+) {
+    if let Some(old) = segs.insert(addr, info) {
+        change(SegChange::Removed(&old));
+    }
+    if let Some(new) = segs.get(&addr) {
+        change(SegChange::Inserted(new));
+    }
+}
+
+/// Undoes one segment event: `segs` goes from the segments after `e` to those before it;
+/// `change` hears of every segment removed or inserted on the way.
+fn undo_segment_event(
+    segs: &mut BTreeMap<u64, SegInfo>,
+    e: &TraceEntry,
+    change: &mut dyn FnMut(SegChange),
+) {
+    match e.action {
+        Action::SegmentAlloc => {
+            remove(segs, e.addr, change);
+        }
+        Action::SegmentFree => {
+            insert(
+                segs,
+                change,
+                e.addr,
+                SegInfo {
+                    address: e.addr,
+                    size: e.size,
                     stream: e.stream,
                     pool_id: None,
                     pool_kind: guess_kind(e.size),
-                    expandable: true,
-                });
-                segs.insert(
-                    start,
-                    SegInfo {
-                        address: start,
-                        size: end - start,
-                        stream: e.stream,
-                        expandable: true,
-                        ..t
-                    },
-                );
+                    expandable: false,
+                },
+            );
+        }
+        Action::SegmentMap => {
+            // Carve the mapped range out of the run that contains it.
+            let containing = segs
+                .range(..=e.addr)
+                .next_back()
+                .map(|(_, s)| s.clone())
+                .filter(|s| e.addr < s.address.saturating_add(s.size));
+            if let Some(s) = containing {
+                remove(segs, s.address, change);
+                let end = s.address.saturating_add(s.size);
+                let cut_end = e.addr.saturating_add(e.size).min(end);
+                if e.addr > s.address {
+                    insert(
+                        segs,
+                        change,
+                        s.address,
+                        SegInfo {
+                            size: e.addr - s.address,
+                            ..s.clone()
+                        },
+                    );
+                }
+                if cut_end < end {
+                    insert(
+                        segs,
+                        change,
+                        cut_end,
+                        SegInfo {
+                            address: cut_end,
+                            size: end - cut_end,
+                            ..s
+                        },
+                    );
+                }
             }
-            _ => {}
+        }
+        Action::SegmentUnmap => {
+            let mut start = e.addr;
+            let mut end = e.addr.saturating_add(e.size);
+            let template = segs.range(..=e.addr).next_back().map(|(_, s)| s.clone());
+            // Merge with touching expandable runs of the same stream.
+            if let Some(prev) = segs
+                .range(..e.addr)
+                .next_back()
+                .map(|(_, s)| s.clone())
+                .filter(|p| {
+                    p.address.saturating_add(p.size) == e.addr
+                        && p.expandable
+                        && p.stream == e.stream
+                })
+            {
+                remove(segs, prev.address, change);
+                start = prev.address;
+            }
+            if let Some(next) = segs
+                .get(&end)
+                .cloned()
+                .filter(|n| n.expandable && n.stream == e.stream)
+            {
+                remove(segs, next.address, change);
+                end = next.address.saturating_add(next.size);
+            }
+            let t = template.unwrap_or(SegInfo {
+                address: start,
+                size: 0,
+                stream: e.stream,
+                pool_id: None,
+                pool_kind: guess_kind(e.size),
+                expandable: true,
+            });
+            insert(
+                segs,
+                change,
+                start,
+                SegInfo {
+                    address: start,
+                    size: end - start,
+                    stream: e.stream,
+                    expandable: true,
+                    ..t
+                },
+            );
+        }
+        _ => {}
+    }
+}
+
+/// A segment and the states it existed in: from the state after `first_state` events to the
+/// state after `last_state` events, both included (state 0 = window start; the dump is the state
+/// after every event).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SegmentLife {
+    pub address: u64,
+    pub size: u64,
+    pub stream: u64,
+    pub pool_id: Option<(i64, i64)>,
+    pub pool_kind: PoolKind,
+    pub expandable: bool,
+    pub first_state: u32,
+    pub last_state: u32,
+}
+
+/// Every segment of `device` over the whole trace, found as [`layout_at`] finds the segments of
+/// one moment (undoing segment events from the dump), in one pass: the segments at state `k` are
+/// those with `first_state <= k <= last_state`.
+pub fn segment_lifetimes(snapshot: &Snapshot, replay: &DeviceReplay) -> Vec<SegmentLife> {
+    let trace = snapshot.trace(replay.device);
+    let n = trace.len() as u32;
+    let mut segs = segments_at(snapshot, replay, Moment::End);
+    // Last state of each segment now in `segs`.
+    let mut last: BTreeMap<u64, u32> = segs.keys().map(|&a| (a, n)).collect();
+    let mut out = Vec::new();
+    let life = |s: &SegInfo, first: u32, last: u32| SegmentLife {
+        address: s.address,
+        size: s.size,
+        stream: s.stream,
+        pool_id: s.pool_id,
+        pool_kind: s.pool_kind,
+        expandable: s.expandable,
+        first_state: first,
+        last_state: last,
+    };
+    for &i in replay.segment_events.iter().rev() {
+        let e = trace.at(i as usize);
+        // Undoing event `i` goes from the state after it (i + 1) to the state before it (i).
+        let mut changes: Vec<(bool, SegInfo)> = Vec::new();
+        undo_segment_event(&mut segs, &e, &mut |c| match c {
+            SegChange::Removed(s) => changes.push((false, s.clone())),
+            SegChange::Inserted(s) => changes.push((true, s.clone())),
+        });
+        for (inserted, s) in changes {
+            if inserted {
+                last.insert(s.address, i);
+            } else if let Some(l) = last.remove(&s.address) {
+                if l > i {
+                    out.push(life(&s, i + 1, l));
+                }
+            }
         }
     }
-    segs
+    for (a, s) in &segs {
+        out.push(life(s, 0, last.get(a).copied().unwrap_or(n)));
+    }
+    out.sort_by_key(|s| (s.address, s.first_state));
+    out
 }
 
 /// Layout of every segment of `device` at `moment`.
@@ -367,4 +473,52 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
             layout
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::replay::replay_device;
+
+    /// The lifetimes give, at every sampled state, the segments `layout_at` undoes its way to.
+    #[test]
+    fn lifetimes_agree_with_segments_at_every_moment() {
+        for name in [
+            "train-oom-expandable",
+            "multi-stream",
+            "truncated",
+            "fragmented",
+            "graphs-stacks-none",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("fixtures/synth/{name}.pickle"));
+            let loaded = crate::snapshot::load(&path).expect("fixture");
+            let snapshot = &loaded.snapshot;
+            for device in snapshot.devices() {
+                let replay = replay_device(snapshot, device);
+                let lives = segment_lifetimes(snapshot, &replay);
+                let n = snapshot.trace(device).len();
+                let step = (n / 97).max(1);
+                let mut states: Vec<usize> = (0..=n).step_by(step).collect();
+                states.extend(replay.segment_events.iter().map(|&e| e as usize + 1));
+                states.push(n);
+                for k in states {
+                    let moment = match k {
+                        0 => Moment::WindowStart,
+                        k => Moment::After(k as u32 - 1),
+                    };
+                    let want: Vec<(u64, u64, u64, bool)> = segments_at(snapshot, &replay, moment)
+                        .values()
+                        .map(|s| (s.address, s.size, s.stream, s.expandable))
+                        .collect();
+                    let got: Vec<(u64, u64, u64, bool)> = lives
+                        .iter()
+                        .filter(|l| l.first_state as usize <= k && k <= l.last_state as usize)
+                        .map(|l| (l.address, l.size, l.stream, l.expandable))
+                        .collect();
+                    assert_eq!(got, want, "{name} device {device} state {k}");
+                }
+            }
+        }
+    }
 }

@@ -4,6 +4,7 @@ pub mod blocks;
 pub mod check_text;
 pub mod diff_text;
 pub mod explain_text;
+pub mod html;
 pub mod merge_text;
 pub mod stats_text;
 pub mod style;

@@ -17,5 +17,6 @@ mod robustness;
 mod salvage;
 mod svg;
 mod synthetic;
+mod view;
 mod work;
 mod workflow;

@@ -524,6 +524,7 @@ fn stdout_commands(dir: &std::path::Path) -> Vec<(Vec<String>, i32)> {
         v(&["stats", TRAIN], 0),
         v(&["timeline", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
         v(&["segments", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
+        v(&["view", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
         v(
             &["explain", "fixtures/oom-logs/oom-01-v10-cached-kib.log"],
             0,

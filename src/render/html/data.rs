@@ -1,0 +1,402 @@
+//! The data of `snapscan view`: per device, the allocations of the replay, the segment lifetimes
+//! and the event times as columns of LEB128 varints (deltas where a column grows), with a JSON
+//! header of everything small (stacks, call sites, phases, peak, OOMs). The page decodes the
+//! columns into typed arrays; `view.js` documents the same layout.
+//!
+//! Allocations are in the order of their birth state (the state after `alloc_event + 1` events;
+//! 0 for allocations made before the window). A state `k` is the allocator after `k` events: an
+//! allocation is alive at `k` when `birth <= k < end` (`end` = `free_event + 1`, or `events + 1`
+//! when it is never freed).
+
+use rustc_hash::FxHashMap;
+use serde_json::{json, Value};
+
+use super::super::svg;
+use crate::analysis::callsite::{call_site, format_frame, is_native, viewer_shows};
+use crate::analysis::category::{Categorizer, Category, Confidence};
+use crate::analysis::layout::segment_lifetimes;
+use crate::analysis::phase::{find_phases, Phase};
+use crate::analysis::replay::{replay_device, Origin};
+use crate::snapshot::{Action, PoolKind, Snapshot, StackId};
+
+/// Requests up to this size are served from the small pool (as the report's OOM figures).
+const SMALL_REQUEST_LIMIT: u64 = 1 << 20;
+
+/// Column bytes and their names, in the order the header lists them.
+#[derive(Default)]
+pub struct Columns {
+    pub names: Vec<&'static str>,
+    pub bytes: Vec<Vec<u8>>,
+}
+
+impl Columns {
+    fn add(&mut self, name: &'static str, bytes: Vec<u8>) {
+        self.names.push(name);
+        self.bytes.push(bytes);
+    }
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+/// A column of varints.
+struct Col(Vec<u8>);
+
+impl Col {
+    fn with_capacity(n: usize) -> Col {
+        Col(Vec::with_capacity(n))
+    }
+    fn u(&mut self, v: u64) {
+        varint(&mut self.0, v);
+    }
+    fn i(&mut self, v: i64) {
+        varint(&mut self.0, zigzag(v));
+    }
+}
+
+fn phase_index(p: Phase) -> usize {
+    Phase::ALL.iter().position(|&x| x == p).unwrap_or(0)
+}
+
+fn confidence_index(c: Confidence) -> u8 {
+    match c {
+        Confidence::High => 0,
+        Confidence::Medium => 1,
+        Confidence::Low => 2,
+    }
+}
+
+fn kind_name(k: PoolKind) -> &'static str {
+    match k {
+        PoolKind::Small => "small",
+        PoolKind::Large => "large",
+        PoolKind::Unknown => "unknown",
+    }
+}
+
+/// Big integers (stream handles, addresses) as JSON strings: a JavaScript number holds 53 bits.
+fn big(v: u64) -> Value {
+    if v < (1 << 53) {
+        json!(v)
+    } else {
+        json!(v.to_string())
+    }
+}
+
+/// Stacks of one device, numbered in order of first use (0 = no stack), with their frames.
+struct Stacks<'a> {
+    snapshot: &'a Snapshot,
+    index: FxHashMap<StackId, u32>,
+    ids: Vec<StackId>,
+}
+
+impl<'a> Stacks<'a> {
+    fn new(snapshot: &'a Snapshot) -> Self {
+        let mut s = Stacks {
+            snapshot,
+            index: FxHashMap::default(),
+            ids: Vec::new(),
+        };
+        s.of(StackId::EMPTY);
+        s
+    }
+
+    fn of(&mut self, id: StackId) -> u32 {
+        if let Some(&i) = self.index.get(&id) {
+            return i;
+        }
+        let i = self.ids.len() as u32;
+        self.index.insert(id, i);
+        self.ids.push(id);
+        i
+    }
+
+    /// (frames, stacks, call sites, site of each stack) as JSON: a frame is `[text, native]`,
+    /// a stack lists its frames innermost first (the capture machinery left out).
+    fn to_json(&self) -> (Value, Value, Value, Value, Vec<String>) {
+        let interner = &self.snapshot.interner;
+        let mut frame_index: FxHashMap<String, u32> = FxHashMap::default();
+        let mut frames: Vec<Value> = Vec::new();
+        let mut stacks: Vec<Value> = Vec::with_capacity(self.ids.len());
+        let mut site_index: FxHashMap<String, u32> = FxHashMap::default();
+        let mut sites: Vec<String> = Vec::new();
+        let mut stack_site: Vec<i64> = Vec::with_capacity(self.ids.len());
+        for &id in &self.ids {
+            let mut list: Vec<u32> = Vec::new();
+            for &fid in interner.get_stack(id) {
+                let f = interner.get_frame(fid);
+                let (name, file) = (interner.get_text(f.name), interner.get_text(f.filename));
+                if !viewer_shows(name, file) {
+                    continue;
+                }
+                let text = format_frame(interner, f);
+                let native = is_native(name, file);
+                let next = frame_index.len() as u32;
+                let k = *frame_index.entry(text.clone()).or_insert_with(|| {
+                    frames.push(json!([text, native as u8]));
+                    next
+                });
+                list.push(k);
+            }
+            stacks.push(json!(list));
+            stack_site.push(match call_site(interner, id) {
+                Some(site) => {
+                    let next = site_index.len() as u32;
+                    let k = *site_index.entry(site.clone()).or_insert_with(|| {
+                        sites.push(site);
+                        next
+                    });
+                    k as i64
+                }
+                None => -1,
+            });
+        }
+        (
+            json!(frames),
+            json!(stacks),
+            json!(sites),
+            json!(stack_site),
+            sites,
+        )
+    }
+}
+
+/// Header and columns of one device.
+pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Columns) {
+    let replay = replay_device(snapshot, device);
+    let trace = snapshot.trace(device);
+    let n = replay.events;
+    let phases = find_phases(snapshot, device);
+    let (peak, peak_event) = replay.requested.peak();
+    let (reserved_peak, reserved_peak_event) = replay.reserved.peak();
+    let categorizer = Categorizer {
+        phases: &phases,
+        interner: &snapshot.interner,
+        peak_bytes: peak,
+        recorded: !phases.per_event.is_empty(),
+        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
+    };
+    let mut stacks = Stacks::new(snapshot);
+    let mut streams: Vec<u64> = vec![0];
+    let stream_of = |s: u64, streams: &mut Vec<u64>| -> u64 {
+        match streams.iter().position(|&x| x == s) {
+            Some(i) => i as u64,
+            None => {
+                streams.push(s);
+                (streams.len() - 1) as u64
+            }
+        }
+    };
+
+    // Allocations, in order of birth state.
+    let count = replay.allocations.len();
+    let mut rows: Vec<(u64, usize)> = Vec::with_capacity(count);
+    let mut all = Vec::with_capacity(count);
+    for (i, a) in replay.allocations.values().enumerate() {
+        rows.push((a.alloc_event.map_or(0, |e| u64::from(e) + 1), i));
+        all.push(a);
+    }
+    rows.sort_unstable();
+    let mut birth = Col::with_capacity(count * 2);
+    let mut life = Col::with_capacity(count * 2);
+    let mut req = Col::with_capacity(count * 3);
+    let mut blk = Col::with_capacity(count);
+    let mut addr = Col::with_capacity(count * 3);
+    let mut stack = Col::with_capacity(count);
+    let mut stream = Col::with_capacity(count);
+    let mut flags: Vec<u8> = Vec::with_capacity(count);
+    let mut pend = Col::with_capacity(count);
+    let (mut last_birth, mut last_addr) = (0u64, 0u64);
+    let mut categories_present = [false; Category::ALL.len()];
+    for &(b, i) in &rows {
+        let a = &all[i];
+        let end = a.free_event.map_or(n as u64 + 1, |f| u64::from(f) + 1);
+        birth.u(b - last_birth);
+        last_birth = b;
+        life.u(end.saturating_sub(b));
+        req.u(a.requested_bytes);
+        blk.i(a.block_bytes.wrapping_sub(a.requested_bytes) as i64);
+        addr.i(a.address.wrapping_sub(last_addr) as i64);
+        last_addr = a.address;
+        stack.u(u64::from(stacks.of(a.stack)));
+        stream.u(stream_of(a.stream, &mut streams));
+        let (cat, conf) = categorizer.categorize(a);
+        let c = svg::category_index(cat);
+        categories_present[c] |= a.requested_bytes > 0;
+        let origin = match a.origin {
+            Origin::Traced => 0u8,
+            Origin::FreedInWindow => 1,
+            Origin::Ghost => 2,
+        };
+        flags.push(c as u8 | confidence_index(conf) << 3 | origin << 5);
+        // A free requested but not completed: the block is pending from that state on.
+        pend.u(match a.free_requested_event {
+            Some(r) if a.free_event.is_none_or(|f| r < f) => {
+                end.saturating_sub(u64::from(r) + 1) + 1
+            }
+            _ => 0,
+        });
+    }
+
+    // Event times (µs since the first timed event), and the events with a stack of their own.
+    let t0 = trace.iter().find_map(|e| e.time_us);
+    let mut times = Col::with_capacity(n);
+    let mut last_t = 0i64;
+    let mut ooms = Vec::new();
+    for (i, e) in trace.iter().enumerate() {
+        if let (Some(t), Some(t0)) = (e.time_us, t0) {
+            let rel = t.saturating_sub(t0);
+            times.i(rel.saturating_sub(last_t));
+            last_t = rel;
+        } else {
+            times.i(0);
+        }
+        if e.action == Action::Oom {
+            let kind = if e.size <= SMALL_REQUEST_LIMIT {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            ooms.push(json!({
+                "event": i,
+                "size": e.size,
+                "stream": stream_of(e.stream, &mut streams),
+                "device_free": e.device_free,
+                "stack": stacks.of(e.frames),
+                "kind": kind_name(kind),
+            }));
+        }
+    }
+
+    // Segments over the trace.
+    let lives = segment_lifetimes(snapshot, &replay);
+    let mut pools: Vec<Option<(i64, i64)>> = vec![None];
+    let mut s_addr = Col::with_capacity(lives.len() * 3);
+    let mut s_size = Col::with_capacity(lives.len() * 3);
+    let mut s_stream = Col::with_capacity(lives.len());
+    let mut s_pool = Col::with_capacity(lives.len());
+    let mut s_kind: Vec<u8> = Vec::with_capacity(lives.len());
+    let mut s_first = Col::with_capacity(lives.len() * 2);
+    let mut s_span = Col::with_capacity(lives.len() * 2);
+    let mut prev = 0u64;
+    for s in &lives {
+        s_addr.i(s.address.wrapping_sub(prev) as i64);
+        prev = s.address;
+        s_size.u(s.size);
+        s_stream.u(stream_of(s.stream, &mut streams));
+        let p = match pools.iter().position(|&x| x == s.pool_id) {
+            Some(p) => p,
+            None => {
+                pools.push(s.pool_id);
+                pools.len() - 1
+            }
+        };
+        s_pool.u(p as u64);
+        let kind = match s.pool_kind {
+            PoolKind::Small => 0u8,
+            PoolKind::Large => 1,
+            PoolKind::Unknown => 2,
+        };
+        s_kind.push(kind | (s.expandable as u8) << 2);
+        s_first.u(u64::from(s.first_state));
+        s_span.u(u64::from(s.last_state.saturating_sub(s.first_state)));
+    }
+
+    let (frames, stack_list, sites, stack_site, site_names) = stacks.to_json();
+    let site_colours: Vec<&str> = {
+        let mut colours = svg::Colours::new(&snapshot.interner);
+        colours.assign_distinct(&site_names[..site_names.len().min(svg::PALETTE.len())]);
+        site_names.iter().map(|s| colours.site_colour(s)).collect()
+    };
+    let intervals: Vec<Value> = phases
+        .intervals
+        .iter()
+        .map(|iv| {
+            json!([
+                phase_index(iv.name),
+                iv.step.map_or(-1, i64::from),
+                iv.first_event,
+                iv.last_event
+            ])
+        })
+        .collect();
+    let mut columns = Columns::default();
+    for (name, col) in [
+        ("birth", birth),
+        ("life", life),
+        ("req", req),
+        ("blk", blk),
+        ("addr", addr),
+        ("stack", stack),
+        ("stream", stream),
+        ("pend", pend),
+        ("time", times),
+        ("seg_addr", s_addr),
+        ("seg_size", s_size),
+        ("seg_stream", s_stream),
+        ("seg_pool", s_pool),
+        ("seg_first", s_first),
+        ("seg_span", s_span),
+    ] {
+        columns.add(name, col.0);
+    }
+    columns.add("flags", flags);
+    columns.add("seg_kind", s_kind);
+    let header = json!({
+        "file": name,
+        "device": device,
+        "events": n,
+        "allocations": count,
+        "segments": lives.len(),
+        "timed": t0.is_some(),
+        "peak": {
+            "bytes": peak.max(0),
+            "event": peak_event,
+            "time_s": peak_event
+                .and_then(|e| Some((trace.get(e as usize)?.time_us? - t0?) as f64 / 1e6)),
+        },
+        "reserved_peak": {
+            "bytes": reserved_peak.max(0),
+            "event": reserved_peak_event,
+        },
+        "starts_mid_run": replay.starts_mid_run(),
+        "ooms": ooms,
+        "phases": intervals,
+        "phases_unknown_reason": phases.unknown_reason,
+        "categories_present": categories_present,
+        "streams": streams.iter().map(|&s| big(s)).collect::<Vec<_>>(),
+        "pools": pools
+            .iter()
+            .map(|p| p.map(|(a, b)| format!("({a},{b})")))
+            .collect::<Vec<_>>(),
+        "small_request_limit": SMALL_REQUEST_LIMIT,
+        "frames": frames,
+        "stacks": stack_list,
+        "sites": sites,
+        "stack_site": stack_site,
+        "site_colours": site_colours,
+    });
+    (header, columns)
+}
+
+/// Names and colours shared by every device (categories, confidences, phases).
+pub fn legend() -> Value {
+    json!({
+        "categories": Category::ALL.iter().map(|c| c.name()).collect::<Vec<_>>(),
+        "category_colours": Category::ALL.iter().map(|&c| svg::category_colour(c)).collect::<Vec<_>>(),
+        "confidences": ["high", "medium", "low"],
+        "phases": Phase::ALL.iter().map(|p| p.name()).collect::<Vec<_>>(),
+        "phase_colours": Phase::ALL.iter().map(|&p| svg::phase_colour(p).0).collect::<Vec<_>>(),
+        "phase_ink": Phase::ALL.iter().map(|&p| svg::phase_colour(p).1).collect::<Vec<_>>(),
+        "palette": svg::PALETTE,
+    })
+}

@@ -1,0 +1,191 @@
+//! `snapscan view` and `report --html`: one self-contained HTML page with the report, an
+//! interactive memory timeline (canvas), allocation details, the allocator state at any event
+//! and search, per device.
+//!
+//! Nothing is fetched: a Content-Security-Policy forbids every request, the script and the style
+//! are inline (view.js, view.css, embedded at build time), and the data is embedded as gzip
+//! chunks in base64 that the page inflates with the browser's `DecompressionStream`.
+
+pub mod data;
+pub mod markdown;
+
+use std::io::Write;
+
+use rayon::prelude::*;
+use serde_json::json;
+
+use crate::snapshot::{Action, Snapshot};
+
+const SCRIPT: &str = include_str!("view.js");
+const STYLE: &str = include_str!("view.css");
+
+/// Uncompressed bytes per gzip chunk (chunks are compressed in parallel).
+const CHUNK: usize = 4 << 20;
+
+/// The page's policy: no request of any kind, inline script and style only.
+pub const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'";
+
+/// One panel of the page: a device of a snapshot.
+pub struct Panel<'a> {
+    pub name: &'a str,
+    pub snapshot: &'a Snapshot,
+    pub device: i64,
+}
+
+/// The panels of the snapshots (every device, or only `device`), the devices with an OOM first.
+pub fn panels<'a>(
+    files: &[(&'a str, &'a Snapshot)],
+    device: Option<i64>,
+) -> anyhow::Result<Vec<Panel<'a>>> {
+    let mut out = Vec::new();
+    for &(name, snapshot) in files {
+        for d in super::svg::devices(snapshot, device)? {
+            out.push(Panel {
+                name,
+                snapshot,
+                device: d,
+            });
+        }
+    }
+    // Stable: file order, then device order, within "has an OOM" and "has none".
+    out.sort_by_key(|p| {
+        !p.snapshot
+            .trace(p.device)
+            .iter()
+            .any(|e| e.action == Action::Oom)
+    });
+    Ok(out)
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(T[(v >> 18) as usize & 63] as char);
+        out.push(T[(v >> 12) as usize & 63] as char);
+        out.push(if c.len() > 1 {
+            T[(v >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if c.len() > 2 {
+            T[v as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(
+        Vec::with_capacity(bytes.len() / 4),
+        flate2::Compression::new(6),
+    );
+    // Writing into a Vec cannot fail.
+    let _ = enc.write_all(bytes);
+    enc.finish().unwrap_or_default()
+}
+
+/// Text for inside a `<script>` element: no `</script` can end it early.
+fn script_text(text: &str) -> String {
+    text.replace("</", "<\\/")
+}
+
+/// The whole page: `title`, the report (Markdown from `report_markdown`, which runs while the
+/// panels' data is gathered) and the panels.
+pub fn page(
+    title: &str,
+    report_markdown: impl FnOnce() -> String + Send,
+    panels: &[Panel],
+) -> Vec<u8> {
+    let (report_html, devices) = rayon::join(
+        || markdown::to_html(&report_markdown()),
+        || {
+            panels
+                .par_iter()
+                .map(|p| data::device_data(p.name, p.snapshot, p.device))
+                .collect::<Vec<_>>()
+        },
+    );
+    // The blob: u32 header length, the header (JSON), then every column back to back.
+    let mut headers = Vec::with_capacity(devices.len());
+    let mut offset = 0usize;
+    for (header, columns) in &devices {
+        let mut h = header.clone();
+        let cols: serde_json::Map<String, serde_json::Value> = columns
+            .names
+            .iter()
+            .zip(&columns.bytes)
+            .map(|(name, bytes)| {
+                let entry = json!([offset, bytes.len()]);
+                offset += bytes.len();
+                ((*name).to_owned(), entry)
+            })
+            .collect();
+        h["columns"] = serde_json::Value::Object(cols);
+        headers.push(h);
+    }
+    let header = json!({
+        "title": title,
+        "legend": data::legend(),
+        "devices": headers,
+    });
+    let header_bytes = serde_json::to_vec(&header).unwrap_or_default();
+    let mut blob = Vec::with_capacity(4 + header_bytes.len() + offset);
+    blob.extend_from_slice(&(header_bytes.len() as u32).to_le_bytes());
+    blob.extend_from_slice(&header_bytes);
+    for (_, columns) in devices {
+        for b in columns.bytes {
+            blob.extend_from_slice(&b);
+        }
+    }
+    let chunks: Vec<String> = blob.par_chunks(CHUNK).map(|c| base64(&gzip(c))).collect();
+
+    let mut out =
+        String::with_capacity(chunks.iter().map(|c| c.len() + 64).sum::<usize>() + (1 << 20));
+    out.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
+    out.push_str(&format!(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">\n"
+    ));
+    out.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n");
+    out.push_str(&format!("<title>{}</title>\n", markdown::esc(title)));
+    out.push_str("<style>\n");
+    out.push_str(STYLE);
+    out.push_str("</style>\n</head>\n<body>\n");
+    out.push_str(&format!(
+        "<header><h1>{}</h1><nav><a href=\"#views\">Timeline &amp; segments</a> · <a href=\"#report\">Report</a></nav></header>\n",
+        markdown::esc(title)
+    ));
+    out.push_str("<main>\n<section id=\"views\"><p class=\"loading\" id=\"loading\">Decoding the snapshot…</p></section>\n");
+    out.push_str("<section id=\"report\">\n");
+    out.push_str(&report_html);
+    out.push_str("</section>\n</main>\n");
+    for c in &chunks {
+        out.push_str(
+            "<script type=\"application/x-snapscan-gzip-base64\" class=\"snapscan-data\">",
+        );
+        out.push_str(c);
+        out.push_str("</script>\n");
+    }
+    out.push_str("<script>\n");
+    out.push_str(&script_text(SCRIPT));
+    out.push_str("</script>\n</body>\n</html>\n");
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar\xff"), "Zm9vYmFy/w==");
+    }
+}

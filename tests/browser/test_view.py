@@ -1,0 +1,248 @@
+"""`snapscan view` in a real browser: offline, the peak where the report says, zoom, details on
+click, the allocator at an OOM, search, one tab per device."""
+
+import re
+
+from conftest import Opened, format_bytes, fixture, run
+
+
+def test_loads_offline_without_errors(opened, case):
+    page = opened.page
+    # Only the file itself was read: no request of any kind.
+    assert opened.requests == [opened.url]
+    assert not opened.errors
+    assert [m for m in opened.console if m[0] in ("error", "warning")] == []
+    csp = page.get_attribute('meta[http-equiv="Content-Security-Policy"]', "content")
+    assert "default-src 'none'" in csp and "connect-src 'none'" in csp
+    # Nothing in the page points outside it.
+    html = page.content()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
+    assert page.locator("#report h3").count() >= 1
+    opened.screenshot(case.name)
+
+
+def test_the_policy_blocks_every_request(browser):
+    import os
+    import tempfile
+
+    html = fixture("synth", "tiny.pickle")
+    out = os.path.join(tempfile.mkdtemp(), "tiny.html")
+    run("view", html, "-o", out)
+    o = Opened(browser, out)
+    blocked = o.page.evaluate(
+        """async () => {
+          const out = {};
+          document.addEventListener('securitypolicyviolation', (e) => { out[e.violatedDirective] = true; });
+          try { await fetch('https://example.com/x'); out.fetch = 'sent'; } catch (e) { out.fetch = 'blocked'; }
+          const img = new Image(); img.src = 'https://example.com/x.png';
+          await new Promise((r) => { img.onerror = r; img.onload = r; setTimeout(r, 500); });
+          return out;
+        }"""
+    )
+    # The policy refused both (Chromium still names the refused image to playwright as a
+    # request, then fails it before the network).
+    assert blocked["fetch"] == "blocked"
+    assert blocked.get("connect-src") and blocked.get("img-src"), blocked
+    o.close()
+
+
+def test_peak_marker_is_where_the_report_says(opened, case):
+    peak = case.device["peak"]
+    got = opened.api("p.peak()")
+    assert got["event"] == peak["event_index"]
+    assert got["bytes"] == peak["requested_bytes"]
+    r = opened.api("p.canvasRect()")
+    v = opened.api("p.view()")
+    state = 0 if peak["event_index"] is None else peak["event_index"] + 1
+    want_x = r["left"] + (state + 0.5 - v["v0"]) / (v["v1"] - v["v0"]) * r["pw"]
+    assert abs(got["plotX"] - want_x) < 1.0
+    # The ring is drawn there: dark pixels on its left and right.
+    dark = opened.page.evaluate(
+        """([x, y]) => {
+          const p = window.snapscan.panel()._panel, c = p.canvas, g = c.getContext('2d');
+          const dpr = window.devicePixelRatio || 1, r = c.getBoundingClientRect();
+          const at = (dx) => g.getImageData(Math.round((x - r.left + dx) * dpr), Math.round((y - r.top) * dpr), 1, 1).data;
+          // The darkest of a few pixels around the ring's radius, left and right.
+          const darkest = (side) => Math.min(...[3.5, 4, 4.5, 5, 5.5].map((r) => { const c = at(side * r); return c[0] + c[1] + c[2]; }));
+          return [darkest(-1), darkest(1)].map((v) => v < 250);
+        }""",
+        [got["x"], got["y"]],
+    )
+    assert dark == [True, True]
+
+
+def test_zooming_narrows_the_visible_range(opened, case):
+    page = opened.page
+    before = opened.api("p.view()")
+    r = opened.api("p.canvasRect()")
+    cx, cy = r["x"] + r["left"] + r["pw"] / 2, r["y"] + r["top"] + r["plot"] / 2
+    page.mouse.move(cx, cy)
+    page.mouse.wheel(0, -400)
+    page.wait_for_timeout(100)
+    wheel = opened.api("p.view()")
+    assert wheel["v1"] - wheel["v0"] < (before["v1"] - before["v0"]) * 0.7
+    assert wheel["v0"] <= (before["v0"] + before["v1"]) / 2 <= wheel["v1"] + 1
+    assert wheel["range"] != before["range"]
+    # Drag-select the middle fifth.
+    x0, x1 = r["x"] + r["left"] + r["pw"] * 0.4, r["x"] + r["left"] + r["pw"] * 0.6
+    page.mouse.move(x0, cy)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, cy)
+    page.mouse.move(x1, cy)
+    page.mouse.up()
+    drag = opened.api("p.view()")
+    span = wheel["v1"] - wheel["v0"]
+    assert abs((drag["v1"] - drag["v0"]) - span * 0.2) < span * 0.02 + 2
+    # A zoom step draws in bounded time (the 100 ms target is measured on the 1 GB file).
+    assert drag["drawMs"] < 2000
+    # Double-click: the whole trace again.
+    page.mouse.dblclick(cx, cy)
+    assert opened.api("p.view()")["v1"] - opened.api("p.view()")["v0"] == before["v1"] - before["v0"]
+    opened.screenshot(case.name + "-zoomed")
+
+
+def test_clicking_the_largest_allocation_at_the_peak_shows_its_call_site(opened, case):
+    page = opened.page
+    live = case.device["live_at_peak"]
+    biggest = max(a["requested_bytes"] for a in live)
+    sites = {a["call_site"] for a in live if a["requested_bytes"] == biggest}
+    page.click("canvas.timeline")
+    page.keyboard.press("p")  # zoom to the peak
+    peak_state = opened.api("p.peak()")["state"]
+    where = opened.api(f"p.locateLargestAt({peak_state})")
+    assert where["drawn"], where
+    assert where["bytes"] == biggest
+    # A thin one: shift+drag a box around it until it is tall enough to aim at.
+    for _ in range(6):
+        if where["height"] >= 8:
+            break
+        x, y = where["x"], where["y"]
+        page.keyboard.down("Shift")
+        page.mouse.move(x - 40, y - 6)
+        page.mouse.down()
+        page.mouse.move(x, y)
+        page.mouse.move(x + 40, y + 6)
+        page.mouse.up()
+        page.keyboard.up("Shift")
+        where = opened.api(f"p.locateLargestAt({peak_state})")
+        assert where["drawn"], where
+    assert where["height"] >= 8, where
+    page.mouse.click(where["x"], where["y"])
+    details = opened.api("p.details()")
+    assert any(s in details for s in sites), (details, sites)
+    assert format_bytes(biggest) in details
+    assert "born" in details and "freed" in details and "category" in details
+    opened.screenshot(case.name + "-details")
+
+
+def test_the_scrubber_at_the_oom_shows_the_request_against_the_largest_hole(opened, case):
+    if not case.oom:
+        assert case.device["oom"] == []
+        return
+    page = opened.page
+    oom = case.device["oom"][0]
+    page.locator(".panel .tools").nth(1).get_by_role("button", name=re.compile("^OOM")).first.click()
+    assert opened.api("p.scrub()") == oom["event_index"] + 1
+    seg = opened.api("p.segments()")
+    assert seg["oom"], seg
+    assert seg["usableHole"] == oom["largest_free_block_bytes"]
+    assert f"a {format_bytes(oom['requested_bytes'])} request failed" in seg["oom"]
+    assert f"Largest hole it could use: {format_bytes(oom['largest_free_block_bytes'])}" in seg["oom"]
+    assert "request " + format_bytes(oom["requested_bytes"]) not in seg["summary"]
+    opened.screenshot(case.name + "-oom")
+
+
+def test_search_highlights_in_the_timeline_and_the_segments(opened, case):
+    page = opened.page
+    live = case.device["live_at_peak"]
+    site = max(live, key=lambda a: a["requested_bytes"])["call_site"]
+    query = site.split(":")[0] if not site.startswith("<") else "zzz-no-such-frame"
+    page.locator(".panel .tools").nth(1).get_by_role("button", name="peak").click()
+    page.fill("input[type=search]", query)
+    page.wait_for_function("() => window.snapscan.panel().search() !== null")
+    found = opened.api("p.search()")
+    info = page.locator(".search-info").inner_text()
+    if query == "zzz-no-such-frame":
+        assert found["count"] == 0 and info == "no allocation matches"
+        return
+    assert found["count"] > 0 and found["drawnMatches"] > 0
+    assert "allocations match" in info
+    assert opened.api("p.segments()")["highlighted"] > 0
+    opened.screenshot(case.name + "-search")
+    page.fill("input[type=search]", "zzz-no-such-frame")
+    page.wait_for_function("() => window.snapscan.panel().search().count === 0")
+    assert page.locator(".search-info").inner_text() == "no allocation matches"
+
+
+def test_one_tab_per_device_with_the_oom_device_first(browser, work):
+    import os
+
+    out = os.path.join(work, "two-files.html")
+    run("view", fixture("synth", "train.pickle"), fixture("synth", "train-oom-forward.pickle"), "-o", out)
+    o = Opened(browser, out)
+    tabs = o.page.evaluate("window.snapscan.tabs()")
+    assert [t["oom"] for t in tabs] == [True, False]
+    assert tabs[0]["file"].endswith("train-oom-forward.pickle")
+    assert o.page.locator(".tab").first.inner_text().endswith("device 0 (OOM)")
+    o.page.locator(".tab").nth(1).click()
+    assert o.api("p.file").endswith("train.pickle")
+    assert o.api("p.peak()")["bytes"] > 0
+    o.close()
+    out = os.path.join(work, "two-devices.html")
+    run("view", fixture("synth", "load-oom-2dev.pickle"), "-o", out)
+    o = Opened(browser, out)
+    assert [t["device"] for t in o.page.evaluate("window.snapscan.tabs()")] == [0, 1]
+    o.page.locator(".tab").nth(1).click()
+    assert o.api("p.device") == 1
+    assert not o.errors
+    o.close()
+
+
+def test_every_allocation_of_a_thousandth_of_the_peak_is_drawn_once_zoomed_in(opened, case):
+    # For each such allocation (a sample of them on big files): zoomed to the event after its
+    # birth, it is one of the allocations drawn one by one.
+    missing = opened.page.evaluate(
+        """() => {
+          const p = window.snapscan.panel()._panel, d = p.dev, min = d.h.peak.bytes / 1000;
+          const all = [];
+          for (let i = 0; i < d.N; i++) if (d.req[i] >= min) all.push(i);
+          const step = Math.max(1, Math.floor(all.length / 150));
+          const missing = [];
+          for (let j = 0; j < all.length; j += step) {
+            const a = all[j], k = Math.min(d.end[a] - 1, Math.max(d.birth[a], 0));
+            p.setView(k, k + 1);
+            if (!p.frame.st.pieces.has(a)) missing.push([a, d.req[a], k]);
+          }
+          p.reset();
+          return missing;
+        }"""
+    )
+    assert missing == []
+
+
+def _all_fixtures():
+    import glob
+
+    return sorted(glob.glob(fixture("real", "*.pickle")) + glob.glob(fixture("synth", "*.pickle*")))
+
+
+def test_every_fixture_opens_without_errors(browser, work):
+    import os
+
+    for path in _all_fixtures():
+        out = os.path.join(work, os.path.basename(path) + ".html")
+        run("view", path, "-o", out)
+        o = Opened(browser, out, width=1000, height=700)
+        # Exercise the views: zoom, a click in the plot, every device's tab, a search.
+        r = o.api("p.canvasRect()")
+        o.page.mouse.move(r["x"] + r["left"] + r["pw"] / 2, r["y"] + r["top"] + r["plot"] / 2)
+        o.page.mouse.wheel(0, -300)
+        o.page.mouse.click(r["x"] + r["left"] + r["pw"] / 2, r["y"] + r["top"] + r["plot"] - 3)
+        for i in range(len(o.page.evaluate("window.snapscan.tabs()"))):
+            o.page.evaluate(f"window.snapscan.panel({i})")
+        o.page.locator(".panel:not([hidden]) input[type=search]").fill("forward")
+        o.page.wait_for_timeout(250)
+        assert not o.errors, (path, o.errors)
+        assert [m for m in o.console if m[0] == "error"] == [], path
+        assert o.requests == [o.url], path
+        o.close()

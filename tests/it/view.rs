@@ -1,0 +1,278 @@
+//! `snapscan view` / `report --html`: one self-contained page whose embedded data decodes to the
+//! analysis' figures (the browser side is tested in tests/browser).
+
+use std::io::Read;
+
+use serde_json::Value;
+
+use crate::common::{self, fixture, snapscan};
+
+fn view(args: &[&str]) -> String {
+    let out = snapscan()
+        .current_dir(common::root())
+        .arg("view")
+        .args(args)
+        .args(["-o", "-"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn report_json(path: &str) -> Value {
+    let out = snapscan()
+        .current_dir(common::root())
+        .args(["report", "--format", "json", "--full", path])
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+fn unbase64(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let bytes: Vec<u8> = text.bytes().filter(|&c| c != b'=').map(value).collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for c in bytes.chunks(4) {
+        let v = c
+            .iter()
+            .enumerate()
+            .fold(0u32, |v, (i, &b)| v | (u32::from(b) << (18 - 6 * i)));
+        out.extend_from_slice(&v.to_be_bytes()[1..c.len()]);
+    }
+    out
+}
+
+/// The page's blob: header and column bytes.
+struct Blob {
+    header: Value,
+    body: Vec<u8>,
+}
+
+impl Blob {
+    fn of(page: &str) -> Blob {
+        let tag = "<script type=\"application/x-snapscan-gzip-base64\" class=\"snapscan-data\">";
+        let mut blob = Vec::new();
+        for part in page.split(tag).skip(1) {
+            let b64 = part.split("</script>").next().unwrap();
+            let gz = unbase64(b64);
+            let mut d = flate2::read::GzDecoder::new(&gz[..]);
+            d.read_to_end(&mut blob).expect("gzip");
+        }
+        let n = u32::from_le_bytes(blob[..4].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&blob[4..4 + n]).expect("header");
+        Blob {
+            header,
+            body: blob[4 + n..].to_vec(),
+        }
+    }
+
+    fn device(&self, i: usize) -> &Value {
+        &self.header["devices"][i]
+    }
+
+    /// A column of varints (`signed`: zigzag), as the page decodes it.
+    fn column(&self, device: usize, name: &str, signed: bool) -> Vec<i128> {
+        let c = &self.device(device)["columns"][name];
+        let (off, len) = (
+            c[0].as_u64().unwrap() as usize,
+            c[1].as_u64().unwrap() as usize,
+        );
+        let bytes = &self.body[off..off + len];
+        let mut out = Vec::new();
+        let (mut v, mut shift) = (0u128, 0);
+        for &b in bytes {
+            v |= u128::from(b & 127) << shift;
+            shift += 7;
+            if b < 128 {
+                let x = v as i128;
+                out.push(if signed { (x >> 1) ^ -(x & 1) } else { x });
+                v = 0;
+                shift = 0;
+            }
+        }
+        out
+    }
+
+    fn running(values: Vec<i128>) -> Vec<i128> {
+        let mut acc = 0;
+        values
+            .into_iter()
+            .map(|v| {
+                acc += v;
+                acc
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn the_page_is_self_contained_and_holds_the_report() {
+    let page = view(&["fixtures/synth/train-oom-forward.pickle"]);
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert!(page.contains(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'"
+    ));
+    // No external resource: no src attribute, no link to a stylesheet, no URL but the docs'.
+    assert!(!page.contains(" src="));
+    assert!(!page.contains("<link"));
+    assert!(!page.contains("@import"));
+    assert!(!page.contains("url("));
+    // The report, rendered (the same content as --format markdown).
+    assert!(page.contains("<h2>snapscan report</h2>"));
+    assert!(page.contains("OUT OF MEMORY in the forward pass"));
+    assert!(page.contains("<table><thead><tr><th class=\"num\">bytes</th>"));
+    // The script and style are the repository's files.
+    assert!(page.contains("class Panel {"));
+    assert!(page.contains(".details {"));
+}
+
+#[test]
+fn the_embedded_data_gives_the_report_s_peak_oom_and_segments() {
+    let path = "fixtures/synth/train-oom-forward.pickle";
+    let blob = Blob::of(&view(&[path]));
+    let report = report_json(path);
+    let d = &report["files"][0]["devices"][0];
+    let h = blob.device(0);
+    assert_eq!(h["peak"]["bytes"], d["peak"]["requested_bytes"]);
+    assert_eq!(h["peak"]["event"], d["peak"]["event_index"]);
+    assert_eq!(h["ooms"][0]["event"], d["oom"][0]["event_index"]);
+    assert_eq!(h["ooms"][0]["size"], d["oom"][0]["requested_bytes"]);
+    let n = h["allocations"].as_u64().unwrap() as usize;
+    // Requested bytes alive at the peak state, from the columns.
+    let birth = Blob::running(blob.column(0, "birth", false));
+    let life = blob.column(0, "life", false);
+    let req = blob.column(0, "req", false);
+    assert_eq!((birth.len(), life.len(), req.len()), (n, n, n));
+    let peak_state = d["peak"]["event_index"].as_i64().unwrap() as i128 + 1;
+    let alive: i128 = (0..n)
+        .filter(|&i| birth[i] <= peak_state && peak_state < birth[i] + life[i])
+        .map(|i| req[i])
+        .sum();
+    assert_eq!(
+        alive,
+        d["peak"]["requested_bytes"].as_i64().unwrap() as i128
+    );
+    // Reserved bytes at the OOM, from the segment lifetimes.
+    let s = h["segments"].as_u64().unwrap() as usize;
+    let first = blob.column(0, "seg_first", false);
+    let span = blob.column(0, "seg_span", false);
+    let size = blob.column(0, "seg_size", false);
+    assert_eq!(first.len(), s);
+    let oom_state = d["oom"][0]["event_index"].as_i64().unwrap() as i128 + 1;
+    let reserved: i128 = (0..s)
+        .filter(|&i| first[i] <= oom_state && oom_state <= first[i] + span[i])
+        .map(|i| size[i])
+        .sum();
+    assert_eq!(
+        reserved,
+        d["oom"][0]["reserved_bytes"].as_i64().unwrap() as i128
+    );
+    // The report's largest allocation at the peak is there, with its call site.
+    let largest = &d["live_at_peak"][0];
+    let stacks = blob.column(0, "stack", false);
+    let found = (0..n).any(|i| {
+        req[i] == largest["requested_bytes"].as_i64().unwrap() as i128
+            && birth[i] <= peak_state
+            && peak_state < birth[i] + life[i]
+            && h["sites"][h["stack_site"][stacks[i] as usize].as_i64().unwrap() as usize]
+                == largest["call_site"]
+    });
+    assert!(found, "{largest}");
+}
+
+#[test]
+fn report_html_is_the_view_page() {
+    let path = "fixtures/synth/fragmented.pickle";
+    let out = snapscan()
+        .current_dir(common::root())
+        .args(["report", "--html", path])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), view(&[path]));
+}
+
+#[test]
+fn the_oom_device_and_file_come_first() {
+    let blob = Blob::of(&view(&[
+        "fixtures/synth/train.pickle",
+        "fixtures/synth/train-oom-forward.pickle",
+    ]));
+    let files: Vec<&str> = blob.header["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        files,
+        [
+            "fixtures/synth/train-oom-forward.pickle",
+            "fixtures/synth/train.pickle"
+        ]
+    );
+    let two = Blob::of(&view(&["fixtures/synth/load-oom-2dev.pickle"]));
+    assert_eq!(two.header["devices"].as_array().unwrap().len(), 2);
+    let one = Blob::of(&view(&[
+        "--device",
+        "1",
+        "fixtures/synth/load-oom-2dev.pickle",
+    ]));
+    assert_eq!(one.header["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(one.device(0)["device"], 1);
+}
+
+#[test]
+fn writes_view_html_by_default() {
+    let dir = std::env::temp_dir().join(format!("snapscan-view-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    snapscan()
+        .current_dir(&dir)
+        .args(["view", fixture("synth/tiny.pickle").to_str().unwrap()])
+        .assert()
+        .success();
+    let page = std::fs::read_to_string(dir.join("view.html")).unwrap();
+    assert!(page.contains("snapscan view: "));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every fixture gives a page whose columns hold as many values as the header says.
+#[test]
+fn every_fixture_gives_a_decodable_page() {
+    for path in common::snapshot_fixtures() {
+        let rel = common::rel(&path);
+        let blob = Blob::of(&view(&[&rel]));
+        for (i, h) in blob.header["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            let n = h["allocations"].as_u64().unwrap() as usize;
+            let s = h["segments"].as_u64().unwrap() as usize;
+            let e = h["events"].as_u64().unwrap() as usize;
+            for name in [
+                "birth", "life", "req", "blk", "addr", "stack", "stream", "pend",
+            ] {
+                assert_eq!(blob.column(i, name, false).len(), n, "{rel} {name}");
+            }
+            assert_eq!(blob.column(i, "time", true).len(), e, "{rel} time");
+            for name in ["seg_addr", "seg_size", "seg_first", "seg_span"] {
+                assert_eq!(blob.column(i, name, false).len(), s, "{rel} {name}");
+            }
+            let stacks = h["stacks"].as_array().unwrap().len() as i128;
+            assert!(blob.column(i, "stack", false).iter().all(|&k| k < stacks));
+        }
+    }
+}
