@@ -398,7 +398,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             html,
         } => {
             if html {
-                return view_page(&files, device, top, stacks, output, salvage);
+                return view_page(&files, device, top, stacks, output, salvage, ranks);
             }
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
@@ -487,6 +487,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             None,
             (output.as_os_str() != "-").then_some(output),
             salvage,
+            false,
         ),
         Command::Timeline {
             file,
@@ -683,6 +684,7 @@ fn view_page(
     stacks: Option<StackFrames>,
     output: Option<PathBuf>,
     salvage: bool,
+    rank_files: bool,
 ) -> Result<Outcome, anyhow::Error> {
     let (loaded, unreadable) = load_readable(files, salvage)?;
     for u in &unreadable {
@@ -704,7 +706,8 @@ fn view_page(
             ..Default::default()
         };
         let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
-        let ranks = (reports.len() > 1).then(|| analysis::report::rank_table(&reports));
+        let ranks = (reports.len() > 1)
+            .then(|| analysis::report::rank_table(&reports, &unreadable, rank_files));
         let report = crate::report::Report {
             schema_version: SCHEMA_VERSION,
             files: reports,

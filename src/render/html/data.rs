@@ -178,13 +178,7 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
     let phases = find_phases(snapshot, device);
     let (peak, peak_event) = replay.requested.peak();
     let (reserved_peak, reserved_peak_event) = replay.reserved.peak();
-    let categorizer = Categorizer {
-        phases: &phases,
-        interner: &snapshot.interner,
-        peak_bytes: peak,
-        recorded: !phases.per_event.is_empty(),
-        stack_categories: crate::analysis::phase::PerStack::new(&snapshot.interner),
-    };
+    let categorizer = Categorizer::new(snapshot, &phases, &replay);
     let mut stacks = Stacks::new(snapshot);
     let mut streams: Vec<u64> = vec![0];
     let stream_of = |s: u64, streams: &mut Vec<u64>| -> u64 {
