@@ -464,7 +464,7 @@ impl<'a> Resolver<'_, 'a, '_> {
             return Ok(TextId(cached));
         }
         let s = *self.strs(src).get(i as usize).ok_or(Unsupported)?;
-        let id = self.interner.text(s);
+        let id = self.interner.text(&self.ctx.owned_text(s));
         self.ids[src].texts[i as usize] = id.0;
         Ok(id)
     }

@@ -249,6 +249,23 @@ impl<'a> Ctx<'a> {
     }
 
     /// Memo index of chunk `k`'s first MEMOIZE, once known.
+    /// `s` as owned text; read back with a system call when it lies in the input, whose pages
+    /// were let go after their chunk ran (touching them maps them again: on kernels that cache
+    /// files in large folios one string per chunk brings the whole file back into the RSS).
+    pub fn owned_text(&self, s: &str) -> String {
+        let start = (s.as_ptr() as usize).wrapping_sub(self.data.as_ptr() as usize);
+        if start >= self.data.len() || s.is_empty() {
+            return s.to_owned();
+        }
+        let mut buf = vec![0u8; s.len()];
+        if (self.peek)(start, &mut buf) == s.len() {
+            if let Ok(t) = String::from_utf8(buf) {
+                return t;
+            }
+        }
+        s.to_owned()
+    }
+
     pub fn memo_base(&self, k: usize) -> Option<u32> {
         let b = self.bases.get(k)?.load(Ordering::Acquire);
         (b != UNKNOWN).then_some(b)
