@@ -303,8 +303,15 @@ pub fn read_input_salvage(
             Err((e, _)) => {
                 return Err(InputError::Format {
                     path: name.clone(),
-                    message: format!("{what} data is corrupt: {e}"),
-                })
+                    message: if salvage {
+                        format!("{what} data is corrupt: {e}")
+                    } else {
+                        // A cut download or a job killed while writing: say what recovers it.
+                        format!(
+                            "{what} data is corrupt: {e}; if the file was cut short, try --salvage"
+                        )
+                    },
+                });
             }
         };
         // The phases after this one work on the decompressed bytes.

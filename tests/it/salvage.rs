@@ -162,6 +162,11 @@ fn cut_gz_and_zst_salvage_what_arrived_and_name_each_cut_trace() {
         let f = file.to_str().unwrap();
         let out = common::snapscan().args(["report", f]).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{name} without --salvage");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{what} data is corrupt")) && err.contains("try --salvage"),
+            "{name} without --salvage: {err}"
+        );
         let out = common::snapscan()
             .args(["report", "--salvage", "--format", "json", f])
             .output()
