@@ -103,6 +103,34 @@ struct Decoder<'d> {
     text_by_str: FxHashMap<StrId, TextId>,
 }
 
+/// A segment's allocated, active and requested bytes: as the dump gives them, or, where older
+/// files lack them, summed from its blocks as PyTorch does.
+pub(crate) fn segment_sums(
+    blocks: &[Block],
+    allocated: Option<u64>,
+    active: Option<u64>,
+    requested: Option<u64>,
+) -> (u64, u64, u64) {
+    let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).sum::<u64>();
+    let allocated = allocated.unwrap_or_else(|| {
+        sum(&|b| match b.state {
+            BlockState::ActiveAllocated => b.size,
+            _ => 0,
+        })
+    });
+    let active = active.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
+    let requested = requested.unwrap_or_else(|| {
+        sum(&|b| {
+            if b.state.is_active() {
+                b.requested_size
+            } else {
+                0
+            }
+        })
+    });
+    (allocated, active, requested)
+}
+
 fn schema(path: impl Into<String>, message: impl Into<String>) -> SchemaError {
     SchemaError {
         path: path.into(),
@@ -337,28 +365,8 @@ impl<'d> Decoder<'d> {
             next_address = block.address.saturating_add(block.size);
             blocks.push(block);
         }
-        // Older files lack the segment-level sums; derive them from the blocks as PyTorch does.
-        let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).sum::<u64>();
-        let allocated_size = allocated_size.unwrap_or_else(|| {
-            sum(&|b| {
-                if b.state == BlockState::ActiveAllocated {
-                    b.size
-                } else {
-                    0
-                }
-            })
-        });
-        let active_size =
-            active_size.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
-        let requested_size = requested_size.unwrap_or_else(|| {
-            sum(&|b| {
-                if b.state.is_active() {
-                    b.requested_size
-                } else {
-                    0
-                }
-            })
-        });
+        let (allocated_size, active_size, requested_size) =
+            segment_sums(&blocks, allocated_size, active_size, requested_size);
         Ok(Segment {
             device,
             address,

@@ -3,20 +3,9 @@
 //! alignment rows, fenced code blocks, ordered and unordered lists (one level of nesting).
 //! Everything else is text, escaped.
 
-/// HTML-escapes text.
+/// HTML-escapes text (the pictures' escaping: HTML takes what XML takes).
 pub fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    crate::render::svg::esc(text)
 }
 
 /// Inline markup: code spans first (their content is literal), then bold and links.

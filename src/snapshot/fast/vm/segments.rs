@@ -8,6 +8,7 @@
 //! dict as it is: the generic path then gives the decoder's result or error.
 
 use super::*;
+use crate::snapshot::decode::segment_sums;
 use crate::snapshot::model::{Block, BlockState, PoolKind, Segment};
 
 /// A segment read by a chunk: stack ids are the chunk's slots until the reader remaps them.
@@ -148,25 +149,8 @@ impl Vm<'_, '_> {
             next_address = block.address.saturating_add(block.size);
             blocks.push(block);
         }
-        // As the decoder: older files lack the segment-level sums.
-        let sum = |keep: &dyn Fn(&Block) -> u64| blocks.iter().map(keep).sum::<u64>();
-        let allocated_size = allocated_size.unwrap_or_else(|| {
-            sum(&|b| match b.state {
-                BlockState::ActiveAllocated => b.size,
-                _ => 0,
-            })
-        });
-        let active_size =
-            active_size.unwrap_or_else(|| sum(&|b| if b.state.is_active() { b.size } else { 0 }));
-        let requested_size = requested_size.unwrap_or_else(|| {
-            sum(&|b| {
-                if b.state.is_active() {
-                    b.requested_size
-                } else {
-                    0
-                }
-            })
-        });
+        let (allocated_size, active_size, requested_size) =
+            segment_sums(&blocks, allocated_size, active_size, requested_size);
         // What the row was read from must not change behind it.
         if let LVal::List(l) = blocks_value {
             self.a.lists[l as usize].sealed = true;
