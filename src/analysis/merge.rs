@@ -92,8 +92,10 @@ pub fn read_report_rows(path: &Path) -> Result<Vec<RankRow>, InputError> {
                     device: d.device,
                     peak_requested_bytes: d.peak.requested_bytes,
                     reserved_at_peak_bytes: d.peak.reserved_bytes,
-                    max_reserved_bytes: (d.peak_reserved.bytes.max(0) as u64)
-                        .max(d.final_state.reserved_bytes),
+                    max_reserved_bytes: RankDevice::max_reserved(
+                        d.peak_reserved.bytes,
+                        d.final_state.reserved_bytes,
+                    ),
                     final_reserved_bytes: d.final_state.reserved_bytes,
                     oom: !d.oom.is_empty(),
                 }),

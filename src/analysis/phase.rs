@@ -876,9 +876,8 @@ mod tests {
     use super::*;
     use crate::snapshot::Frame;
 
-    /// The phase of a stack given innermost first as `(file, function)` pairs.
-    fn phase_of(frames: &[(&str, &str)]) -> Option<Phase> {
-        let mut i = Interner::default();
+    /// A stack given innermost first as `(file, function)` pairs, interned in `i`.
+    fn stack_in(i: &mut Interner, frames: &[(&str, &str)]) -> StackId {
         let ids = frames
             .iter()
             .map(|(file, name)| {
@@ -890,7 +889,13 @@ mod tests {
                 i.frame(f)
             })
             .collect();
-        let s = i.stack(ids);
+        i.stack(ids)
+    }
+
+    /// The phase of a stack given innermost first as `(file, function)` pairs.
+    fn phase_of(frames: &[(&str, &str)]) -> Option<Phase> {
+        let mut i = Interner::default();
+        let s = stack_in(&mut i, frames);
         phase_from_frames(&i, s)
     }
 
@@ -1248,20 +1253,7 @@ mod tests {
     #[test]
     fn optimizer_buffers_built_while_loading_are_told_apart() {
         let mut i = Interner::default();
-        let mut stack = |frames: &[(&str, &str)]| {
-            let ids = frames
-                .iter()
-                .map(|(file, name)| {
-                    let f = Frame {
-                        name: i.text(name),
-                        filename: i.text(file),
-                        line: 1,
-                    };
-                    i.frame(f)
-                })
-                .collect();
-            i.stack(ids)
-        };
+        let mut stack = |frames: &[(&str, &str)]| stack_in(&mut i, frames);
         let main_params = stack(&[
             (
                 "/venv/megatron/core/optimizer/distrib_optimizer.py",

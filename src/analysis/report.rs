@@ -912,11 +912,19 @@ impl RankDevice {
             device: d.device,
             peak_requested_bytes: d.peak.requested_bytes,
             reserved_at_peak_bytes: d.peak.reserved_bytes,
-            max_reserved_bytes: (d.peak_reserved.bytes.max(0) as u64)
-                .max(d.final_state.reserved_bytes),
+            max_reserved_bytes: Self::max_reserved(
+                d.peak_reserved.bytes,
+                d.final_state.reserved_bytes,
+            ),
             final_reserved_bytes: d.final_state.reserved_bytes,
             oom: !d.oom.is_empty(),
         }
+    }
+
+    /// The highest reserved bytes of a device: the trace's reserved peak, or the dump's reserved
+    /// bytes where they are higher (a device without a trace has only the dump).
+    pub fn max_reserved(peak_reserved: i64, final_reserved: u64) -> u64 {
+        (peak_reserved.max(0) as u64).max(final_reserved)
     }
 }
 
