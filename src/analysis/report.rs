@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use rayon::prelude::*;
 
 use super::callsite::{call_site, stack_lines, CallSites};
-use super::category::{Categorizer, Category, Confidence};
+use super::category::{Categorizer, Category, Claim, Confidence};
 use super::layout::{layout_at, Moment, SegmentLayout};
 use super::phase::{find_phases, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
@@ -157,8 +157,19 @@ fn state_phase(
 }
 
 fn live_allocation(d: &Describe, a: &Allocation, at: Option<u32>) -> LiveAllocation {
-    let (sites, trace) = (&d.sites, d.trace);
-    let (category, confidence) = d.categorizer.categorize(a);
+    let claim = d.categorizer.categorize(a);
+    described(&d.sites, d.trace, d.phases, a, claim, at)
+}
+
+/// [`live_allocation`] with the category already claimed (and call sites of this thread).
+fn described(
+    sites: &CallSites,
+    trace: &crate::snapshot::Trace,
+    phases: &Phases,
+    a: &Allocation,
+    (category, confidence): (Category, Confidence),
+    at: Option<u32>,
+) -> LiveAllocation {
     LiveAllocation {
         address: a.address,
         requested_bytes: a.requested_bytes,
@@ -175,7 +186,7 @@ fn live_allocation(d: &Describe, a: &Allocation, at: Option<u32>) -> LiveAllocat
         },
         call_site: site_of(sites, a),
         stream: a.stream,
-        phase: d.phases.at(a.alloc_event).name().to_owned(),
+        phase: phases.at(a.alloc_event).name().to_owned(),
         category: category.name().to_owned(),
         confidence: confidence_name(confidence).to_owned(),
     }
@@ -188,16 +199,33 @@ fn by_call_site<'a>(
     allocations: impl Iterator<Item = &'a Allocation>,
     total: i64,
 ) -> Vec<CallSiteBytes> {
-    let mut groups: HashMap<String, (u64, u64, u64, StackId)> = HashMap::new();
-    for a in allocations {
-        let g = groups
-            .entry(site_of(sites, a))
-            .or_insert((0, 0, 0, StackId::EMPTY));
+    // By stack and origin first (cheap keys; the site text is made once per group): bytes,
+    // count, and the largest allocation as (bytes, position) — the last of equals wins, as
+    // it did when grouping by text directly.
+    type Group = (u64, u64, (u64, usize));
+    let mut by_stack: rustc_hash::FxHashMap<(StackId, &'static str), Group> = Default::default();
+    for (i, a) in allocations.enumerate() {
+        let g = by_stack
+            .entry((a.stack, origin_label(a)))
+            .or_insert((0, 0, (0, 0)));
         g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
-        if a.requested_bytes >= g.2 {
-            g.2 = a.requested_bytes;
-            g.3 = a.stack;
+        if (a.requested_bytes, i) >= g.2 {
+            g.2 = (a.requested_bytes, i);
+        }
+    }
+    let mut groups: HashMap<String, (u64, u64, (u64, usize), StackId)> = HashMap::new();
+    for ((stack, origin), (bytes, count, largest)) in by_stack {
+        let site = match sites.of(stack) {
+            Some(s) => s.to_string(),
+            None => origin.to_owned(),
+        };
+        let g = groups.entry(site).or_insert((0, 0, (0, 0), StackId::EMPTY));
+        g.0 = g.0.saturating_add(bytes);
+        g.1 += count;
+        if largest >= g.2 {
+            g.2 = largest;
+            g.3 = stack;
         }
     }
     let mut out: Vec<CallSiteBytes> = groups
@@ -413,11 +441,30 @@ fn device_report_with(
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
+    // The categorizer and the two layouts each read every allocation: side by side.
+    let (categorizer, (peak_layout, end_layout)) = rayon::join(
+        || Categorizer::new(snapshot, &phases, replay),
+        || {
+            rayon::join(
+                || {
+                    layout_at(
+                        snapshot,
+                        replay,
+                        match peak_event {
+                            Some(e) => Moment::After(e),
+                            None => Moment::WindowStart,
+                        },
+                    )
+                },
+                || layout_at(snapshot, replay, Moment::End),
+            )
+        },
+    );
     let describe = Describe {
         sites: CallSites::new(&snapshot.interner),
         trace,
         phases: &phases,
-        categorizer: Categorizer::new(snapshot, &phases, replay),
+        categorizer,
     };
     let time_at = |e: Option<u32>| {
         e.and_then(|i| trace.get(i as usize))
@@ -431,9 +478,19 @@ fn device_report_with(
             .cmp(&a.requested_bytes)
             .then(a.address.cmp(&b.address))
     });
+    // Claimed once for every live allocation (tens of thousands at a real peak), on every core.
+    let categorizer = &describe.categorizer;
+    let claims: Vec<Claim> = live.par_iter().map(|a| categorizer.claim(a)).collect();
     let live_at_peak: Vec<LiveAllocation> = live
-        .iter()
-        .map(|a| live_allocation(&describe, a, peak_event))
+        .par_iter()
+        .zip(&claims)
+        .map_init(
+            || CallSites::new(&snapshot.interner),
+            |sites, (a, c)| {
+                let claim = (c.category, c.confidence);
+                described(sites, trace, &phases, a, claim, peak_event)
+            },
+        )
         .collect();
 
     // Held open: what was alive at the peak but did not have to be: left over from an earlier
@@ -487,10 +544,7 @@ fn device_report_with(
             )
         }
     };
-    let categories: Vec<Category> = live
-        .iter()
-        .map(|a| describe.categorizer.categorize(a).0)
-        .collect();
+    let categories: Vec<Category> = claims.iter().map(|c| c.category).collect();
     let held: Vec<(&Allocation, Category)> = live
         .iter()
         .copied()
@@ -563,19 +617,6 @@ fn device_report_with(
     };
 
     let largest_request = summary.largest_request;
-    let (peak_layout, end_layout) = rayon::join(
-        || {
-            layout_at(
-                snapshot,
-                replay,
-                match peak_event {
-                    Some(e) => Moment::After(e),
-                    None => Moment::WindowStart,
-                },
-            )
-        },
-        || layout_at(snapshot, replay, Moment::End),
-    );
 
     let oom: Vec<Oom> = summary
         .ooms
@@ -672,8 +713,7 @@ fn device_report_with(
     }
     // Confidence and evidence per category: the ones that hold most of its bytes.
     let mut claim_bytes: HashMap<(Category, Confidence, &'static str), u64> = HashMap::new();
-    for a in &live {
-        let c = describe.categorizer.claim(a);
+    for (a, c) in live.iter().zip(&claims) {
         let slot = claim_bytes
             .entry((c.category, c.confidence, c.evidence))
             .or_default();
