@@ -939,6 +939,7 @@ pub fn main() -> ExitCode {
     if std::env::var_os("SNAPSCAN_WORK").is_some() {
         eprintln!("work: {} units", crate::work::units());
         eprintln!("document: {} values", crate::work::document_values());
+        eprintln!("machine: {} opcodes", crate::work::machine_opcodes());
     }
     code
 }

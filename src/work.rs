@@ -32,3 +32,16 @@ pub fn add_document_values(n: u64) {
 pub fn document_values() -> u64 {
     DOC_VALUES.load(Ordering::Relaxed)
 }
+
+static MACHINE_OPCODES: AtomicU64 = AtomicU64::new(0);
+
+/// Adds `n` opcodes the parallel reader's chunk machines ran one by one (what the shapes read
+/// whole, trace entries and the dicts of segments, left to the stack machine).
+pub fn add_machine_opcodes(n: u64) {
+    MACHINE_OPCODES.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Opcodes the chunk machines ran one by one so far.
+pub fn machine_opcodes() -> u64 {
+    MACHINE_OPCODES.load(Ordering::Relaxed)
+}

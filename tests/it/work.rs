@@ -8,6 +8,12 @@ use crate::replica;
 
 /// The counters `SNAPSCAN_WORK=1` prints: work units and generic document values.
 fn counters(path: &std::path::Path) -> (u64, u64) {
+    let (units, values, _) = all_counters(path);
+    (units, values)
+}
+
+/// [`counters`] and the opcodes the chunk machines ran one by one.
+fn all_counters(path: &std::path::Path) -> (u64, u64, u64) {
     let out = common::snapscan()
         .env("SNAPSCAN_WORK", "1")
         .args(["report", "--format", "json"])
@@ -22,7 +28,11 @@ fn counters(path: &std::path::Path) -> (u64, u64) {
             .find_map(|l| l.strip_prefix(prefix)?.strip_suffix(suffix)?.parse().ok())
             .unwrap_or_else(|| panic!("no {prefix:?} line in {stderr:?}"))
     };
-    (find("work: ", " units"), find("document: ", " values"))
+    (
+        find("work: ", " units"),
+        find("document: ", " values"),
+        find("machine: ", " opcodes"),
+    )
 }
 
 fn work_units(path: &std::path::Path) -> u64 {
@@ -60,6 +70,35 @@ fn segments_and_entries_of_real_dumps_skip_the_generic_document() {
         assert!(
             values <= bound,
             "{fixture} x{reps}: {values} generic values for {} bytes (bound {bound})",
+            bytes.len()
+        );
+    }
+}
+
+/// The dicts of real dumps (trace entries, segments, their blocks and frames) are read whole,
+/// not opcode by opcode by the chunk machines: only the first appearance of each key, string
+/// and frame goes through the stack machine. (The segments' dicts opcode by opcode gave one
+/// opcode per 2 bytes of segments: notHanmin x8 ran 559,657.)
+#[test]
+fn dicts_of_real_dumps_are_read_whole() {
+    let dir = tempfile_dir();
+    for fixture in [
+        "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
+        "real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ] {
+        let src = std::fs::read(common::fixture(fixture)).expect("fixture");
+        let bytes = replica::replicate(&src, 8);
+        let path = dir.join("whole-x8.pickle");
+        std::fs::write(&path, &bytes).expect("write replica");
+        let (_, _, opcodes) = all_counters(&path);
+        let bound = bytes.len() as u64 / 128 + 40_000;
+        eprintln!(
+            "{fixture} x8: {} bytes, {opcodes} opcodes one by one",
+            bytes.len()
+        );
+        assert!(
+            opcodes <= bound,
+            "{fixture} x8: {opcodes} opcodes run one by one for {} bytes (bound {bound})",
             bytes.len()
         );
     }

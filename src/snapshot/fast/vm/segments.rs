@@ -26,15 +26,23 @@ const MAX_KEYS: u32 = 64;
 impl Vm<'_, '_> {
     /// The fields of dict `d` by `F_*` code; `None` for a repeated field or a key that cannot be
     /// read here.
-    fn fields_of(&mut self, d: u32) -> Option<[Option<LVal>; FIELDS]> {
+    fn fields_of(&mut self, d: u32, f: &mut [Option<LVal>; FIELDS]) -> Option<()> {
         let s = self.a.dicts[d as usize];
         if s.len > MAX_KEYS || s.rec != NONE_U32 || s.seg != NONE_U32 {
             return None;
         }
-        let mut f = [None; FIELDS];
+        *f = [None; FIELDS];
         for i in 0..s.len as usize {
             let (k, v) = self.a.dict_items(d)[i];
-            let field = self.field(k).ok()? as usize;
+            // Other chunks' keys: their field is cached by memo index.
+            let known = match k {
+                LVal::Ext(g) => self.ext.field(g),
+                _ => None,
+            };
+            let field = match known {
+                Some(field) => field as usize,
+                None => self.field(k).ok()? as usize,
+            };
             if field == F_OTHER as usize || field == F_NOT_STR as usize {
                 continue;
             }
@@ -42,7 +50,7 @@ impl Vm<'_, '_> {
                 return None;
             }
         }
-        Some(f)
+        Some(())
     }
 
     /// A scalar with other chunks' values read in; `None` for containers and what cannot be read.
@@ -98,7 +106,8 @@ impl Vm<'_, '_> {
         if self.a.dicts[d as usize].len < 3 {
             return None;
         }
-        let f = self.fields_of(d)?;
+        let mut f = [None; FIELDS];
+        self.fields_of(d, &mut f)?;
         let blocks_value = f[F_BLOCKS as usize]?;
         let device = match f[F_DEVICE as usize] {
             None => 0,
@@ -187,7 +196,8 @@ impl Vm<'_, '_> {
         if s.flushed || s.sealed {
             return None;
         }
-        let f = self.fields_of(bd)?;
+        let mut f = [None; FIELDS];
+        self.fields_of(bd, &mut f)?;
         let address = self
             .opt_u64_of(f[F_ADDRESS as usize])?
             .unwrap_or(implied_address);
