@@ -121,15 +121,26 @@ impl<'a> Categorizer<'a> {
     ) -> Categorizer<'a> {
         let mut frameless_ghosts = Vec::new();
         let mut optimizer_state_sizes: FxHashMap<u64, u32> = FxHashMap::default();
+        // One walk over the allocations (millions in a long trace) for every rule below.
+        let mut growth_nodes = Vec::new();
         for a in replay.allocations.values() {
             if a.origin == Origin::Ghost && a.stack == StackId::EMPTY {
                 frameless_ghosts.push(a.requested_bytes);
             }
-            if a.free_event.is_none()
-                && a.alloc_event.is_some()
-                && phases.at(a.alloc_event) == Phase::Optimizer
-            {
-                *optimizer_state_sizes.entry(a.requested_bytes).or_default() += 1;
+            let Some(born) = a.alloc_event else { continue };
+            match phases.at(Some(born)) {
+                Phase::Optimizer if a.free_event.is_none() => {
+                    *optimizer_state_sizes.entry(a.requested_bytes).or_default() += 1;
+                }
+                // Where KV caches grow (outside backward, optimizer and loading).
+                Phase::Forward | Phase::Eval | Phase::Unknown => growth_nodes.push(GrowthNode {
+                    born,
+                    freed: a.free_requested_event.or(a.free_event),
+                    bytes: a.requested_bytes,
+                    stack: a.stack,
+                    stream: a.stream,
+                }),
+                _ => {}
             }
         }
         Categorizer {
@@ -139,7 +150,7 @@ impl<'a> Categorizer<'a> {
             stacks: snapshot.has_stacks(),
             stack_categories: PerStack::new(&snapshot.interner),
             frameless_are_parameters: parameter_shaped(&frameless_ghosts),
-            kv_growth: growth_chains(replay, phases),
+            kv_growth: growth_chains(growth_nodes),
             optimizer_state_sizes,
         }
     }
@@ -506,55 +517,40 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
+/// An allocation made where KV caches grow, for [`growth_chains`].
+struct GrowthNode {
+    born: u32,
+    freed: Option<u32>,
+    bytes: u64,
+    stack: StackId,
+    stream: u64,
+}
+
 /// The allocation events of KV caches grown by concatenation: at every decode step each
 /// layer's cache is replaced by a copy one token longer (`torch.cat`), allocated just before
 /// the old one is freed. A chain of three or more such replacements from one stack and stream,
 /// growing by the same number of bytes each time, side by side with at least one other chain of
 /// the same sizes (keys and values, layers), outside backward, optimizer and loading.
-fn growth_chains(replay: &DeviceReplay, phases: &Phases) -> FxHashSet<u32> {
+fn growth_chains(mut nodes: Vec<GrowthNode>) -> FxHashSet<u32> {
     /// How many events before the old tensor's free its replacement may be allocated.
     const REPLACED_WITHIN: u32 = 4;
-    struct Node {
-        born: u32,
-        freed: Option<u32>,
-        bytes: u64,
-        stack: StackId,
-        stream: u64,
-    }
-    let decode_phase = |e: u32| {
-        matches!(
-            phases.at(Some(e)),
-            Phase::Forward | Phase::Eval | Phase::Unknown
-        )
-    };
-    let nodes: Vec<Node> = replay
-        .allocations
-        .values()
-        .filter_map(|a| {
-            let born = a.alloc_event?;
-            decode_phase(born).then_some(Node {
-                born,
-                freed: a.free_requested_event.or(a.free_event),
-                bytes: a.requested_bytes,
-                stack: a.stack,
-                stream: a.stream,
-            })
-        })
-        .collect();
-    let by_event: FxHashMap<u32, usize> =
-        nodes.iter().enumerate().map(|(i, n)| (n.born, i)).collect();
+    // By birth (the allocations come in the order of their first event, so this is a check):
+    // a node born at an event is found by binary search, with no map as large as the trace.
+    nodes.sort_by_key(|n| n.born);
     // The replacement of each node, and whether a node replaces another.
     let mut next: Vec<Option<usize>> = vec![None; nodes.len()];
     let mut replaces = vec![false; nodes.len()];
     for (i, x) in nodes.iter().enumerate() {
         let Some(f) = x.freed else { continue };
-        let replacement = (f.saturating_sub(REPLACED_WITHIN)..f)
-            .rev()
-            .filter_map(|e| by_event.get(&e).copied())
-            .find(|&j| {
-                let y = &nodes[j];
-                y.born > x.born && y.bytes > x.bytes && y.stack == x.stack && y.stream == x.stream
-            });
+        let lo = nodes.partition_point(|n| n.born < f.saturating_sub(REPLACED_WITHIN));
+        // Births are distinct events: at most REPLACED_WITHIN nodes lie before `f`.
+        let hi = (lo..nodes.len().min(lo + REPLACED_WITHIN as usize))
+            .find(|&j| nodes[j].born >= f)
+            .unwrap_or(nodes.len().min(lo + REPLACED_WITHIN as usize));
+        let replacement = (lo..hi).rev().find(|&j| {
+            let y = &nodes[j];
+            y.born > x.born && y.bytes > x.bytes && y.stack == x.stack && y.stream == x.stream
+        });
         if let Some(j) = replacement {
             if !replaces[j] {
                 next[i] = Some(j);

@@ -144,11 +144,18 @@ impl Allocations {
 
     /// Every allocation, by value, in order (traced ones in the order of their first event).
     pub fn values(&self) -> impl Iterator<Item = Allocation> + '_ {
-        // Sources only grow: one pass over the trace.
-        let mut entries = self.trace.iter().enumerate();
+        // Sources only grow: one pass over the trace, stepping over the entries between them
+        // without decoding them (a long trace's frees are half its entries).
+        let mut entries = self.trace.iter();
+        // Index of the entry `entries` gives next; `None` once a source went backwards (the
+        // pass is over, as a search for it would have ended it).
+        let mut next_entry = Some(0usize);
         let traced = (0..self.events.len()).filter_map(move |i| {
             let want = self.source(i);
-            let (_, entry) = entries.find(|(k, _)| *k == want)?;
+            let at = next_entry.filter(|&at| want >= at);
+            next_entry = None;
+            let entry = entries.nth(want - at?)?;
+            next_entry = Some(want + 1);
             Some(self.build(i, entry))
         });
         traced.chain(self.ghosts.iter().copied())
