@@ -396,26 +396,45 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
         Moment::After(e) => Some(e),
         _ => None,
     };
-    let mut per_segment: BTreeMap<u64, Vec<(u64, u64, u64, bool)>> = BTreeMap::new();
-    for a in replay.live(event) {
-        if let Some((&start, s)) = segs.range(..=a.address).next_back() {
-            if a.address < s.address.saturating_add(s.size) {
-                let pending = a
-                    .free_requested_event
-                    .is_some_and(|f| event.is_some_and(|e| f <= e));
-                per_segment.entry(start).or_default().push((
-                    a.address,
-                    a.block_bytes,
-                    a.requested_bytes,
-                    pending,
-                ));
+    // The live allocations by address, walked beside the segments (also by address): each
+    // belongs to the last segment starting at or below it, if it lies inside it. At a real
+    // peak there are hundreds of thousands of both; one sort beats a tree search for each.
+    let mut live: Vec<(u64, u64, u64, bool)> = replay
+        .live(event)
+        .map(|a| {
+            let pending = a
+                .free_requested_event
+                .is_some_and(|f| event.is_some_and(|e| f <= e));
+            (a.address, a.block_bytes, a.requested_bytes, pending)
+        })
+        .collect();
+    live.sort_unstable();
+    let starts: Vec<(u64, u64)> = segs
+        .values()
+        .map(|s| (s.address, s.address.saturating_add(s.size)))
+        .collect();
+    // (segment start, allocation) in the order of both.
+    let mut placed: Vec<(u64, (u64, u64, u64, bool))> = Vec::with_capacity(live.len());
+    let mut k = 0;
+    for a in live {
+        while k + 1 < starts.len() && starts[k + 1].0 <= a.0 {
+            k += 1;
+        }
+        if let Some(&(start, end)) = starts.get(k) {
+            if start <= a.0 && a.0 < end {
+                placed.push((start, a));
             }
         }
     }
+    let mut next_placed = 0;
     segs.values()
         .map(|s| {
-            let mut allocs = per_segment.remove(&s.address).unwrap_or_default();
-            allocs.sort_unstable();
+            let first = next_placed;
+            while next_placed < placed.len() && placed[next_placed].0 == s.address {
+                next_placed += 1;
+            }
+            let allocs = placed[first..next_placed].iter().map(|&(_, a)| a);
+            let n_allocs = next_placed - first;
             let end = s.address.saturating_add(s.size);
             let mut layout = SegmentLayout {
                 address: s.address,
@@ -430,7 +449,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                 pool_id: s.pool_id,
                 pool_kind: s.pool_kind,
                 expandable: s.expandable,
-                blocks: Vec::with_capacity(allocs.len() * 2 + 1),
+                blocks: Vec::with_capacity(n_allocs * 2 + 1),
             };
             let mut cursor = s.address;
             let add_hole = |layout: &mut SegmentLayout, from: u64, to: u64| {

@@ -700,16 +700,29 @@ fn device_report_with(
         .collect();
     let mut phases_at_peak: std::collections::BTreeMap<String, u64> =
         std::collections::BTreeMap::new();
-    for a in &live_at_peak {
-        let slot = categories_at_peak.entry(a.category.clone()).or_default();
+    // Summed by category and phase first (a real peak holds hundreds of thousands of
+    // allocations), named after.
+    let mut by_category: rustc_hash::FxHashMap<Category, u64> = Default::default();
+    let mut by_phase: rustc_hash::FxHashMap<&'static str, u64> = Default::default();
+    for (a, c) in live.iter().zip(&claims) {
+        let slot = by_category.entry(c.category).or_default();
         *slot = slot.saturating_add(a.requested_bytes);
-        let phase = if a.alloc_event.is_none() {
-            "before_window"
-        } else {
-            a.phase.as_str()
+        let phase = match a.alloc_event {
+            None => "before_window",
+            Some(_) => phases.at(a.alloc_event).name(),
         };
-        let slot = phases_at_peak.entry(phase.to_owned()).or_default();
+        let slot = by_phase.entry(phase).or_default();
         *slot = slot.saturating_add(a.requested_bytes);
+    }
+    for (category, bytes) in by_category {
+        let slot = categories_at_peak
+            .entry(category.name().to_owned())
+            .or_default();
+        *slot = slot.saturating_add(bytes);
+    }
+    for (phase, bytes) in by_phase {
+        let slot = phases_at_peak.entry(phase.to_owned()).or_default();
+        *slot = slot.saturating_add(bytes);
     }
     // Confidence and evidence per category: the ones that hold most of its bytes.
     let mut claim_bytes: HashMap<(Category, Confidence, &'static str), u64> = HashMap::new();
