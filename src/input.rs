@@ -154,19 +154,44 @@ fn decompress<'a, D: Read>(
         decoded: Some(decoded),
     };
     let mut decoder = make(counting).map_err(|e| (e, Vec::new()))?;
-    let mut out = Vec::new();
-    let mut chunk = vec![0u8; 1 << 20];
+    // Room for the size the stream's header or trailer states, believed up to a ratio real
+    // snapshots never reach (a crafted size must not reserve memory): growing by doubling
+    // copied the output once more and, for a moment, held it twice.
+    let mut out: Vec<u8> =
+        Vec::with_capacity(stated_size(src).min(src.len().saturating_mul(MAX_BELIEVED_RATIO)));
+    const STEP: u64 = 1 << 22;
     loop {
-        let n = match decoder.read(&mut chunk) {
+        // Decoded straight into the output's spare room (`read_to_end` neither zeroes it nor
+        // goes through a buffer); what a failing read gave is kept.
+        let n = match (&mut decoder).take(STEP).read_to_end(&mut out) {
             Ok(n) => n,
             Err(e) => return Err((e.to_string(), out)),
         };
         if n == 0 {
+            out.shrink_to_fit();
             return Ok(out);
         }
-        out.extend_from_slice(&chunk[..n]);
         decoded.set(out.len() as u64);
     }
+}
+
+/// The largest decompressed size per compressed byte that [`stated_size`] is believed for.
+const MAX_BELIEVED_RATIO: usize = 64;
+
+/// The decompressed size a zstd frame header states, or a gzip trailer (its size modulo 2^32,
+/// exact below 4 GiB); 0 when there is none.
+fn stated_size(src: &[u8]) -> usize {
+    if src.starts_with(ZSTD_MAGIC) {
+        return match zstd::zstd_safe::get_frame_content_size(src) {
+            Ok(Some(n)) => usize::try_from(n).unwrap_or(0),
+            _ => 0,
+        };
+    }
+    if src.starts_with(GZIP_MAGIC) && src.len() >= 18 {
+        let t = &src[src.len() - 4..];
+        return u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize;
+    }
+    0
 }
 
 /// [`read_input`] with a progress bar for big inputs.
@@ -246,7 +271,7 @@ pub fn read_input_salvage(
                 &decoded,
             ),
             _ => decompress(
-                |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
+                |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
                 &raw,
                 progress,
                 &decoded,
@@ -261,7 +286,7 @@ pub fn read_input_salvage(
                     let cell = std::cell::Cell::new(0u64);
                     let mut hidden = Loading::hidden();
                     decompress(
-                        |r| ruzstd::decoding::StreamingDecoder::new(r).map_err(|e| e.to_string()),
+                        |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
                         &frame,
                         &mut hidden,
                         &cell,

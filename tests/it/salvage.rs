@@ -149,8 +149,7 @@ fn cut_gz_and_zst_salvage_what_arrived_and_name_each_cut_trace() {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&data).unwrap();
     let gz = gz.finish().unwrap();
-    let zst =
-        ruzstd::encoding::compress_to_vec(&data[..], ruzstd::encoding::CompressionLevel::Fastest);
+    let zst = zstd::stream::encode_all(&data[..], 1).unwrap();
     let dir = std::env::temp_dir().join(format!("snapscan-salvage-z-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for (name, whole, what) in [
