@@ -35,6 +35,20 @@ fn all_counters(path: &std::path::Path) -> (u64, u64, u64) {
     )
 }
 
+/// `fixture`'s trace repeated `reps` times, written into `dir`: its path and length.
+fn replica_file(
+    dir: &std::path::Path,
+    fixture: &str,
+    reps: usize,
+    name: &str,
+) -> (std::path::PathBuf, u64) {
+    let src = std::fs::read(common::fixture(fixture)).expect("fixture");
+    let bytes = replica::replicate(&src, reps);
+    let path = dir.join(format!("{name}-x{reps}.pickle"));
+    std::fs::write(&path, &bytes).expect("write replica");
+    (path, bytes.len() as u64)
+}
+
 fn work_units(path: &std::path::Path) -> u64 {
     counters(path).0
 }
@@ -57,20 +71,13 @@ fn segments_and_entries_of_real_dumps_skip_the_generic_document() {
         ("real/volcengine__verl__mem_mempools.pickle", 1),
         ("real/ZidongLiu__DeComFL__memory.pickle", 1),
     ] {
-        let src = std::fs::read(common::fixture(fixture)).expect("fixture");
-        let bytes = replica::replicate(&src, reps);
-        let path = dir.join(format!("doc-x{reps}.pickle"));
-        std::fs::write(&path, &bytes).expect("write replica");
+        let (path, len) = replica_file(&dir, fixture, reps, "doc");
         let (_, values) = counters(&path);
-        let bound = bytes.len() as u64 / 1024 + 1000;
-        eprintln!(
-            "{fixture} x{reps}: {} bytes, {values} document values",
-            bytes.len()
-        );
+        let bound = len / 1024 + 1000;
+        eprintln!("{fixture} x{reps}: {len} bytes, {values} document values");
         assert!(
             values <= bound,
-            "{fixture} x{reps}: {values} generic values for {} bytes (bound {bound})",
-            bytes.len()
+            "{fixture} x{reps}: {values} generic values for {len} bytes (bound {bound})"
         );
     }
 }
@@ -86,20 +93,13 @@ fn dicts_of_real_dumps_are_read_whole() {
         "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
         "real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
     ] {
-        let src = std::fs::read(common::fixture(fixture)).expect("fixture");
-        let bytes = replica::replicate(&src, 8);
-        let path = dir.join("whole-x8.pickle");
-        std::fs::write(&path, &bytes).expect("write replica");
+        let (path, len) = replica_file(&dir, fixture, 8, "whole");
         let (_, _, opcodes) = all_counters(&path);
-        let bound = bytes.len() as u64 / 128 + 40_000;
-        eprintln!(
-            "{fixture} x8: {} bytes, {opcodes} opcodes one by one",
-            bytes.len()
-        );
+        let bound = len / 128 + 40_000;
+        eprintln!("{fixture} x8: {len} bytes, {opcodes} opcodes one by one");
         assert!(
             opcodes <= bound,
-            "{fixture} x8: {opcodes} opcodes run one by one for {} bytes (bound {bound})",
-            bytes.len()
+            "{fixture} x8: {opcodes} opcodes run one by one for {len} bytes (bound {bound})"
         );
     }
 }
