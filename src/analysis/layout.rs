@@ -433,8 +433,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
             while next_placed < placed.len() && placed[next_placed].0 == s.address {
                 next_placed += 1;
             }
-            let allocs = placed[first..next_placed].iter().map(|&(_, a)| a);
-            let n_allocs = next_placed - first;
+            let allocs = &placed[first..next_placed];
             let end = s.address.saturating_add(s.size);
             let mut layout = SegmentLayout {
                 address: s.address,
@@ -449,7 +448,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                 pool_id: s.pool_id,
                 pool_kind: s.pool_kind,
                 expandable: s.expandable,
-                blocks: Vec::with_capacity(n_allocs * 2 + 1),
+                blocks: Vec::with_capacity(allocs.len() * 2 + 1),
             };
             let mut cursor = s.address;
             let add_hole = |layout: &mut SegmentLayout, from: u64, to: u64| {
@@ -465,7 +464,7 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                     });
                 }
             };
-            for (addr, block, requested, pending) in allocs {
+            for &(_, (addr, block, requested, pending)) in allocs {
                 let start = addr.max(cursor);
                 let stop = addr.saturating_add(block).min(end);
                 if stop <= start {

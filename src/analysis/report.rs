@@ -42,9 +42,14 @@ fn origin_label(a: &Allocation) -> &'static str {
 }
 
 fn site_of(sites: &CallSites, a: &Allocation) -> String {
-    match sites.of(a.stack) {
+    site_text(sites, a.stack, origin_label(a))
+}
+
+/// The call site of `stack`, or `origin` (an [`origin_label`]) where it names none.
+fn site_text(sites: &CallSites, stack: StackId, origin: &str) -> String {
+    match sites.of(stack) {
         Some(s) => s.to_string(),
-        None => origin_label(a).to_owned(),
+        None => origin.to_owned(),
     }
 }
 
@@ -216,11 +221,10 @@ fn by_call_site<'a>(
     }
     let mut groups: HashMap<String, (u64, u64, (u64, usize), StackId)> = HashMap::new();
     for ((stack, origin), (bytes, count, largest)) in by_stack {
-        let site = match sites.of(stack) {
-            Some(s) => s.to_string(),
-            None => origin.to_owned(),
-        };
-        let g = groups.entry(site).or_insert((0, 0, (0, 0), StackId::EMPTY));
+        let g =
+            groups
+                .entry(site_text(sites, stack, origin))
+                .or_insert((0, 0, (0, 0), StackId::EMPTY));
         g.0 = g.0.saturating_add(bytes);
         g.1 += count;
         if largest >= g.2 {

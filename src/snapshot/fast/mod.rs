@@ -189,8 +189,8 @@ pub fn force_split(chunk: Option<usize>) {
 /// gave their bases), so that neither thread waits long for the other. The walk starts at the
 /// first chunk: it is about ten times as fast as running, so a walk that started further in
 /// reached STOP before the first thread had recorded the base it counts from, and the helper
-/// ran nothing (two threads were no faster than one). Fails (for the parallel walk to take over) on anything unusual: a cut input, STOP
-/// before the last chunk, counts that disagree.
+/// ran nothing (two threads were no faster than one). Fails (for the parallel walk to take
+/// over) on anything unusual: a cut input, STOP before the last chunk, counts that disagree.
 fn read_in_order<'a>(
     data: &'a [u8],
     plan: &scan::Plan,

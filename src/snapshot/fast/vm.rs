@@ -248,7 +248,6 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Memo index of chunk `k`'s first MEMOIZE, once known.
     /// `s` as owned text; read back with a system call when it lies in the input, whose pages
     /// were let go after their chunk ran (touching them maps them again: on kernels that cache
     /// files in large folios one string per chunk brings the whole file back into the RSS).
@@ -266,6 +265,7 @@ impl<'a> Ctx<'a> {
         s.to_owned()
     }
 
+    /// Memo index of chunk `k`'s first MEMOIZE, once known.
     pub fn memo_base(&self, k: usize) -> Option<u32> {
         let b = self.bases.get(k)?.load(Ordering::Acquire);
         (b != UNKNOWN).then_some(b)
@@ -1094,27 +1094,32 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn field(&mut self, key: LVal) -> R<u8> {
         Ok(match key {
             LVal::Str(i) => self.a.str_field[i as usize],
-            LVal::Ext(g) => match self.deref(key)? {
-                LVal::Str(i) => {
-                    let f = self.a.str_field[i as usize];
-                    self.ext.put_field(g, f);
-                    f
-                }
-                _ => F_NOT_STR,
+            // Other chunks' keys: their field is cached by memo index once looked up.
+            LVal::Ext(g) => match self.ext.field(g) {
+                Some(f) => f,
+                None => match self.deref(key)? {
+                    LVal::Str(i) => {
+                        let f = self.a.str_field[i as usize];
+                        self.ext.put_field(g, f);
+                        f
+                    }
+                    _ => F_NOT_STR,
+                },
             },
             _ => F_NOT_STR,
         })
     }
 
     /// A dict key fetched from another chunk's memo at `p` whose field is known already: the
-    /// field and the position after the fetch (the common case, without decoding the key).
+    /// key (as it fetches: `Ext`), its field and the position after the fetch (the common case,
+    /// without decoding the key).
     #[inline(always)]
-    fn known_key(&self, data: &[u8], p: usize) -> Option<(u8, usize)> {
+    fn known_key(&self, data: &[u8], p: usize) -> Option<(LVal, u8, usize)> {
         let (g, np) = memo_index(data, p)?;
         if self.mode != Mode::Chunk || g >= self.memo_base {
             return None;
         }
-        self.ext.field(g).map(|f| (f, np))
+        self.ext.field(g).map(|f| (LVal::Ext(g), f, np))
     }
 
     // ----- running opcodes -----
@@ -1280,11 +1285,9 @@ impl<'a, 'c> Vm<'a, 'c> {
                 break;
             }
             let (field, key) = match self.known_key(data, p) {
-                Some((field, np)) => {
-                    // `known_key` reads only other chunks' keys, which fetch as `Ext`.
-                    let key = memo_index(data, p).map(|(g, _)| LVal::Ext(g));
+                Some((key, field, np)) => {
                     p = np;
-                    (field, key.ok_or(Unsupported)?)
+                    (field, key)
                 }
                 None => {
                     let (key, np) = self.fetch(data, p)?;

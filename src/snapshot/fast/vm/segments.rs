@@ -34,15 +34,7 @@ impl Vm<'_, '_> {
         *f = [None; FIELDS];
         for i in 0..s.len as usize {
             let (k, v) = self.a.dict_items(d)[i];
-            // Other chunks' keys: their field is cached by memo index.
-            let known = match k {
-                LVal::Ext(g) => self.ext.field(g),
-                _ => None,
-            };
-            let field = match known {
-                Some(field) => field as usize,
-                None => self.field(k).ok()? as usize,
-            };
+            let field = self.field(k).ok()? as usize;
             if field == F_OTHER as usize || field == F_NOT_STR as usize {
                 continue;
             }
