@@ -408,6 +408,10 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
+                // The JSON report's lists are capped: capped in the analysis already, the
+                // allocations and segments left out are never described one by one.
+                list_limit: (format == Format::Json && !full && !brief)
+                    .then_some(crate::report::JSON_LIST_LIMIT),
                 ..Default::default()
             };
             let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();

@@ -31,7 +31,8 @@ fn record_the_whole_run(reason: &str) -> Advice {
 
 /// Why the memory at the peak is not told apart, when a sizeable share of it (a quarter or
 /// more) has no category above low confidence.
-fn undecided_bytes(dev: &DeviceReport, peak: u64) -> Option<String> {
+/// `before_window`: bytes of it allocated before the window (no stack).
+fn undecided_bytes(dev: &DeviceReport, peak: u64, before_window: u64) -> Option<String> {
     let unsure: Vec<(&String, u64)> = dev
         .categories_at_peak
         .iter()
@@ -49,11 +50,6 @@ fn undecided_bytes(dev: &DeviceReport, peak: u64) -> Option<String> {
     if peak == 0 || (total as f64) < 0.25 * peak as f64 {
         return None;
     }
-    let before_window = dev
-        .live_at_peak
-        .iter()
-        .filter(|a| a.alloc_event.is_none() && (a.category == "unknown" || a.confidence == "low"))
-        .fold(0u64, |s, a| s.saturating_add(a.requested_bytes));
     let names: Vec<&str> = unsure.iter().map(|(n, _)| n.as_str()).collect();
     Some(format!(
         "{} of the memory at the peak ({:.0}%) is {} at low confidence or unknown, so no advice is sized on it{}",
@@ -68,11 +64,14 @@ fn undecided_bytes(dev: &DeviceReport, peak: u64) -> Option<String> {
     ))
 }
 
-/// Advice for one device, most useful first.
+/// Advice for one device, most useful first. `unsure_before_window_bytes`: requested bytes of
+/// the allocations alive at the peak that were allocated before the window and have no
+/// category above low confidence (`live_at_peak` may be capped, so it is summed beforehand).
 pub fn advise(
     dev: &DeviceReport,
     expandable_on: Option<bool>,
     stacks_recorded: bool,
+    unsure_before_window_bytes: u64,
 ) -> Vec<Advice> {
     let mut out = Vec::new();
     let frag_oom = dev.oom.iter().find(|o| o.verdict == "fragmentation");
@@ -226,7 +225,7 @@ pub fn advise(
         _ => {}
     }
     // The memory the advice would be about is not decided: say what would decide it.
-    if let Some(reason) = undecided_bytes(dev, peak) {
+    if let Some(reason) = undecided_bytes(dev, peak, unsure_before_window_bytes) {
         if stacks_recorded {
             if !out
                 .iter()

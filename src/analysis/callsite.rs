@@ -218,7 +218,7 @@ pub fn stack_lines(interner: &Interner, stack: StackId) -> Vec<String> {
 /// few distinct stacks).
 pub struct CallSites<'a> {
     interner: &'a Interner,
-    cache: std::cell::RefCell<rustc_hash::FxHashMap<StackId, Option<std::rc::Rc<str>>>>,
+    cache: std::cell::RefCell<rustc_hash::FxHashMap<StackId, Option<std::sync::Arc<str>>>>,
 }
 
 impl<'a> CallSites<'a> {
@@ -229,11 +229,11 @@ impl<'a> CallSites<'a> {
         }
     }
 
-    pub fn of(&self, stack: StackId) -> Option<std::rc::Rc<str>> {
+    pub fn of(&self, stack: StackId) -> Option<std::sync::Arc<str>> {
         if let Some(hit) = self.cache.borrow().get(&stack) {
             return hit.clone();
         }
-        let site: Option<std::rc::Rc<str>> = call_site(self.interner, stack).map(Into::into);
+        let site: Option<std::sync::Arc<str>> = call_site(self.interner, stack).map(Into::into);
         self.cache.borrow_mut().insert(stack, site.clone());
         site
     }

@@ -45,8 +45,39 @@ pub struct SegmentLayout {
     pub pool_id: Option<(i64, i64)>,
     pub pool_kind: PoolKind,
     pub expandable: bool,
-    /// Live blocks and holes in address order (holes have state `Inactive`).
+    /// Live blocks and holes in address order (holes have state `Inactive`); empty when the
+    /// layout was asked for without blocks ([`Detail::blocks`]).
     pub blocks: Vec<LayoutBlock>,
+    /// Bytes in holes smaller than [`Detail::small_hole_limit`] (free space a request of that
+    /// size cannot use).
+    pub small_hole_bytes: u64,
+}
+
+/// What a layout keeps of each segment. Reports need only the sums: the blocks of a big dump's
+/// hundreds of thousands of segments are tens of MB.
+#[derive(Clone, Copy, Debug)]
+pub struct Detail {
+    pub blocks: bool,
+    pub small_hole_limit: u64,
+}
+
+impl Detail {
+    /// Every block and hole (pictures, the viewer).
+    pub const BLOCKS: Detail = Detail {
+        blocks: true,
+        small_hole_limit: 0,
+    };
+}
+
+impl SegmentLayout {
+    fn add(&mut self, block: LayoutBlock, detail: Detail) {
+        if block.state == BlockState::Inactive && block.size < detail.small_hole_limit {
+            self.small_hole_bytes = self.small_hole_bytes.saturating_add(block.size);
+        }
+        if detail.blocks {
+            self.blocks.push(block);
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -78,7 +109,7 @@ fn dump_is_moment(snapshot: &Snapshot, device: i64, event: u32) -> bool {
     })
 }
 
-fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
+fn end_layout(snapshot: &Snapshot, device: i64, detail: Detail) -> Vec<SegmentLayout> {
     snapshot
         .segments_of(device)
         .map(|seg| {
@@ -95,7 +126,8 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
                 pool_id: seg.pool_id,
                 pool_kind: seg.pool_kind,
                 expandable: seg.is_expandable,
-                blocks: Vec::with_capacity(seg.blocks.len()),
+                blocks: Vec::with_capacity(if detail.blocks { seg.blocks.len() } else { 0 }),
+                small_hole_bytes: 0,
             };
             let mut in_hole = false;
             let mut hole = 0u64;
@@ -112,12 +144,15 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
                     layout.internal_waste_bytes = layout
                         .internal_waste_bytes
                         .saturating_add(b.size.saturating_sub(b.requested_size));
-                    layout.blocks.push(LayoutBlock {
-                        offset,
-                        size: b.size,
-                        requested: b.requested_size.min(b.size),
-                        state: b.state,
-                    });
+                    layout.add(
+                        LayoutBlock {
+                            offset,
+                            size: b.size,
+                            requested: b.requested_size.min(b.size),
+                            state: b.state,
+                        },
+                        detail,
+                    );
                 } else {
                     if !in_hole {
                         layout.holes += 1;
@@ -126,12 +161,15 @@ fn end_layout(snapshot: &Snapshot, device: i64) -> Vec<SegmentLayout> {
                     }
                     hole = hole.saturating_add(b.size);
                     layout.free_bytes = layout.free_bytes.saturating_add(b.size);
-                    layout.blocks.push(LayoutBlock {
-                        offset,
-                        size: b.size,
-                        requested: 0,
-                        state: BlockState::Inactive,
-                    });
+                    layout.add(
+                        LayoutBlock {
+                            offset,
+                            size: b.size,
+                            requested: 0,
+                            state: BlockState::Inactive,
+                        },
+                        detail,
+                    );
                 }
             }
             if in_hole {
@@ -381,15 +419,25 @@ pub fn segment_lifetimes(snapshot: &Snapshot, replay: &DeviceReplay) -> Vec<Segm
     out
 }
 
-/// Layout of every segment of `device` at `moment`.
+/// Layout of every segment of `device` at `moment`, with every block.
 pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> Vec<SegmentLayout> {
+    layout_with(snapshot, replay, moment, Detail::BLOCKS)
+}
+
+/// Layout of every segment of `device` at `moment`, keeping what `detail` asks for.
+pub fn layout_with(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    moment: Moment,
+    detail: Detail,
+) -> Vec<SegmentLayout> {
     let device = replay.device;
     let moment = match moment {
         Moment::After(e) if dump_is_moment(snapshot, device, e) => Moment::End,
         m => m,
     };
     if moment == Moment::End {
-        return end_layout(snapshot, device);
+        return end_layout(snapshot, device, detail);
     }
     let segs = segments_at(snapshot, replay, moment);
     let event = match moment {
@@ -448,7 +496,12 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                 pool_id: s.pool_id,
                 pool_kind: s.pool_kind,
                 expandable: s.expandable,
-                blocks: Vec::with_capacity(allocs.len() * 2 + 1),
+                blocks: Vec::with_capacity(if detail.blocks {
+                    allocs.len() * 2 + 1
+                } else {
+                    0
+                }),
+                small_hole_bytes: 0,
             };
             let mut cursor = s.address;
             let add_hole = |layout: &mut SegmentLayout, from: u64, to: u64| {
@@ -456,12 +509,15 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                     layout.holes += 1;
                     layout.free_bytes += to - from;
                     layout.largest_hole_bytes = layout.largest_hole_bytes.max(to - from);
-                    layout.blocks.push(LayoutBlock {
-                        offset: from - s.address,
-                        size: to - from,
-                        requested: 0,
-                        state: BlockState::Inactive,
-                    });
+                    layout.add(
+                        LayoutBlock {
+                            offset: from - s.address,
+                            size: to - from,
+                            requested: 0,
+                            state: BlockState::Inactive,
+                        },
+                        detail,
+                    );
                 }
             };
             for &(_, (addr, block, requested, pending)) in allocs {
@@ -475,16 +531,19 @@ pub fn layout_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> 
                 layout.allocated_bytes += size;
                 layout.requested_bytes += requested.min(size);
                 layout.internal_waste_bytes += size.saturating_sub(requested);
-                layout.blocks.push(LayoutBlock {
-                    offset: start - s.address,
-                    size,
-                    requested: requested.min(size),
-                    state: if pending {
-                        BlockState::ActivePendingFree
-                    } else {
-                        BlockState::ActiveAllocated
+                layout.add(
+                    LayoutBlock {
+                        offset: start - s.address,
+                        size,
+                        requested: requested.min(size),
+                        state: if pending {
+                            BlockState::ActivePendingFree
+                        } else {
+                            BlockState::ActiveAllocated
+                        },
                     },
-                });
+                    detail,
+                );
                 cursor = stop;
             }
             add_hole(&mut layout, cursor, end);

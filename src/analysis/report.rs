@@ -1,13 +1,21 @@
 //! Builds the [`Report`] from a loaded snapshot: replay, peak, live set, held-open, layout,
 //! fragmentation and OOM verdicts, per device.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Claim, Confidence};
-use super::layout::{layout_at, Moment, SegmentLayout};
+use super::layout::{layout_with, Detail, Moment, SegmentLayout};
+
+/// Layouts whose sums are all a report reads of them.
+const SUMS: Detail = Detail {
+    blocks: false,
+    small_hole_limit: 0,
+};
 use super::phase::{find_phases, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
@@ -20,8 +28,13 @@ const SMALL_REQUEST_LIMIT: u64 = 1 << 20;
 #[derive(Clone, Copy, Debug)]
 pub struct ReportOptions {
     pub device: Option<i64>,
-    /// How many held-open allocations to list (the live set is always complete).
+    /// How many held-open allocations to list.
     pub held_open_limit: usize,
+    /// Entries kept of `live_at_peak` and of each `segments` list (the largest allocations,
+    /// the segments with the most free bytes; the rest summed beside them, as
+    /// [`Report::cap_lists`] does). `None`: complete lists. Capped here, a big dump's hundreds
+    /// of thousands of live allocations and segments are never described one by one.
+    pub list_limit: Option<usize>,
 }
 
 impl Default for ReportOptions {
@@ -29,6 +42,7 @@ impl Default for ReportOptions {
         ReportOptions {
             device: None,
             held_open_limit: 50,
+            list_limit: None,
         }
     }
 }
@@ -41,15 +55,16 @@ fn origin_label(a: &Allocation) -> &'static str {
     }
 }
 
-fn site_of(sites: &CallSites, a: &Allocation) -> String {
+fn site_of(sites: &CallSites, a: &Allocation) -> Arc<str> {
     site_text(sites, a.stack, origin_label(a))
 }
 
-/// The call site of `stack`, or `origin` (an [`origin_label`]) where it names none.
-fn site_text(sites: &CallSites, stack: StackId, origin: &str) -> String {
+/// The call site of `stack`, or `origin` (an [`origin_label`]) where it names none: shared
+/// text, as tens of thousands of allocations at a peak come from a few hundred sites.
+fn site_text(sites: &CallSites, stack: StackId, origin: &'static str) -> Arc<str> {
     match sites.of(stack) {
-        Some(s) => s.to_string(),
-        None => origin.to_owned(),
+        Some(s) => s,
+        None => Arc::from(origin),
     }
 }
 
@@ -191,11 +206,14 @@ fn described(
         },
         call_site: site_of(sites, a),
         stream: a.stream,
-        phase: phases.at(a.alloc_event).name().to_owned(),
-        category: category.name().to_owned(),
-        confidence: confidence_name(confidence).to_owned(),
+        phase: Cow::Borrowed(phases.at(a.alloc_event).name()),
+        category: Cow::Borrowed(category.name()),
+        confidence: Cow::Borrowed(confidence_name(confidence)),
     }
 }
+
+/// Bytes, count, the largest allocation (bytes, position) and its stack, of one call site.
+type SiteGroup = (u64, u64, (u64, usize), StackId);
 
 /// Groups allocations by call site, largest first.
 fn by_call_site<'a>(
@@ -219,7 +237,7 @@ fn by_call_site<'a>(
             g.2 = (a.requested_bytes, i);
         }
     }
-    let mut groups: HashMap<String, (u64, u64, (u64, usize), StackId)> = HashMap::new();
+    let mut groups: HashMap<Arc<str>, SiteGroup> = HashMap::new();
     for ((stack, origin), (bytes, count, largest)) in by_stack {
         let g =
             groups
@@ -235,7 +253,7 @@ fn by_call_site<'a>(
     let mut out: Vec<CallSiteBytes> = groups
         .into_iter()
         .map(|(site, (bytes, count, _, stack))| CallSiteBytes {
-            call_site: site,
+            call_site: site.to_string(),
             bytes,
             count,
             share: if total > 0 {
@@ -254,6 +272,10 @@ fn by_call_site<'a>(
     out
 }
 
+fn segment_reports(layout: &[SegmentLayout]) -> Vec<SegmentReport> {
+    layout.iter().map(segment_report).collect()
+}
+
 fn segment_report(s: &SegmentLayout) -> SegmentReport {
     SegmentReport {
         address: s.address,
@@ -265,7 +287,7 @@ fn segment_report(s: &SegmentLayout) -> SegmentReport {
         internal_waste_bytes: s.internal_waste_bytes,
         stream: s.stream,
         pool: s.pool_id.map(|(a, b)| [a, b]),
-        segment_type: kind_name(s.pool_kind).to_owned(),
+        segment_type: Cow::Borrowed(kind_name(s.pool_kind)),
         expandable: s.expandable,
     }
 }
@@ -278,6 +300,7 @@ fn kind_name(kind: PoolKind) -> &'static str {
     }
 }
 
+/// The figures of `layout`, laid out with `largest_request` as its small-hole limit.
 fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentation {
     // Saturating sums: a corrupt file can hold sizes near 2^64 (flagged by `quality`).
     let total =
@@ -290,11 +313,7 @@ fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentatio
         .map(|s| s.largest_hole_bytes)
         .max()
         .unwrap_or(0);
-    let unusable: u64 = layout
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.state == crate::snapshot::BlockState::Inactive && b.size < largest_request)
-        .fold(0u64, |sum, b| sum.saturating_add(b.size));
+    let unusable = total(|s| s.small_hole_bytes);
     Fragmentation {
         reserved_bytes: reserved,
         allocated_bytes: allocated,
@@ -342,9 +361,15 @@ fn low_point_before(replay: &DeviceReplay, peak_event: Option<u32>) -> (Option<u
     }
 }
 
-fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event: u32) -> Oom {
+fn oom_report(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    phases: &Phases,
+    event: u32,
+    list_limit: Option<usize>,
+) -> Oom {
     let entry = &snapshot.trace(replay.device).at(event as usize);
-    let layout = layout_at(snapshot, replay, Moment::After(event));
+    let layout = layout_with(snapshot, replay, Moment::After(event), SUMS);
     let request = entry.size;
     let wanted_kind = if request <= SMALL_REQUEST_LIMIT {
         PoolKind::Small
@@ -374,6 +399,8 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
         "full"
     };
     let live_total = replay.requested.at(Some(event));
+    let mut segments = segment_reports(&layout);
+    let segments_omitted = list_limit.and_then(|limit| cap_segments(&mut segments, limit));
     let oom_phase = phase_claim(phases, Some(event));
     Oom {
         event_index: event,
@@ -397,8 +424,8 @@ fn oom_report(snapshot: &Snapshot, replay: &DeviceReplay, phases: &Phases, event
             replay.live(Some(event)).collect::<Vec<_>>().iter(),
             live_total,
         ),
-        segments: layout.iter().map(segment_report).collect(),
-        segments_omitted: None,
+        segments,
+        segments_omitted,
     }
 }
 
@@ -446,21 +473,34 @@ fn device_report_with(
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
     // The categorizer and the two layouts each read every allocation: side by side.
-    let (categorizer, (peak_layout, end_layout)) = rayon::join(
+    // Sums only, with the holes too small for the largest request counted.
+    let detail = Detail {
+        blocks: false,
+        small_hole_limit: summary.largest_request,
+    };
+    // Each layout is folded into what the report keeps of it at once (a big dump has
+    // hundreds of thousands of segments).
+    let (categorizer, ((segments, fragmentation_at_peak), fragmentation_at_end)) = rayon::join(
         || Categorizer::new(snapshot, &phases, replay),
         || {
             rayon::join(
                 || {
-                    layout_at(
+                    let layout = layout_with(
                         snapshot,
                         replay,
                         match peak_event {
                             Some(e) => Moment::After(e),
                             None => Moment::WindowStart,
                         },
-                    )
+                        detail,
+                    );
+                    let f = fragmentation(&layout, detail.small_hole_limit);
+                    (segment_reports(&layout), f)
                 },
-                || layout_at(snapshot, replay, Moment::End),
+                || {
+                    let layout = layout_with(snapshot, replay, Moment::End, detail);
+                    fragmentation(&layout, detail.small_hole_limit)
+                },
             )
         },
     );
@@ -485,7 +525,24 @@ fn device_report_with(
     // Claimed once for every live allocation (tens of thousands at a real peak), on every core.
     let categorizer = &describe.categorizer;
     let claims: Vec<Claim> = live.par_iter().map(|a| categorizer.claim(a)).collect();
-    let live_at_peak: Vec<LiveAllocation> = live
+    let unsure_before_window_bytes = live
+        .iter()
+        .zip(&claims)
+        .filter(|(a, c)| {
+            a.alloc_event.is_none()
+                && (c.category == Category::Unknown || c.confidence == Confidence::Low)
+        })
+        .fold(0u64, |s, (a, _)| s.saturating_add(a.requested_bytes));
+    let listed = options.list_limit.unwrap_or(usize::MAX).min(live.len());
+    let live_at_peak_omitted = (listed < live.len()).then(|| {
+        let rest = &live[listed..];
+        OmittedAllocations {
+            count: rest.len() as u64,
+            requested_bytes: rest.iter().map(|a| a.requested_bytes).sum(),
+            block_bytes: rest.iter().map(|a| a.block_bytes).sum(),
+        }
+    });
+    let live_at_peak: Vec<LiveAllocation> = live[..listed]
         .par_iter()
         .zip(&claims)
         .map_init(
@@ -620,12 +677,15 @@ fn device_report_with(
         reallocated_state_bytes,
     };
 
-    let largest_request = summary.largest_request;
+    let mut segments = segments;
+    let segments_omitted = options
+        .list_limit
+        .and_then(|limit| cap_segments(&mut segments, limit));
 
     let oom: Vec<Oom> = summary
         .ooms
         .iter()
-        .map(|&i| oom_report(snapshot, replay, &phases, i))
+        .map(|&i| oom_report(snapshot, replay, &phases, i, options.list_limit))
         .collect();
 
     let first_time = trace.iter().find_map(|e| e.time_us);
@@ -819,13 +879,13 @@ fn device_report_with(
             peak_requested,
         ),
         live_at_peak,
-        live_at_peak_omitted: None,
+        live_at_peak_omitted,
         held_open,
         oom,
-        segments: peak_layout.iter().map(segment_report).collect(),
-        segments_omitted: None,
-        fragmentation_at_peak: fragmentation(&peak_layout, largest_request),
-        fragmentation_at_end: fragmentation(&end_layout, largest_request),
+        segments,
+        segments_omitted,
+        fragmentation_at_peak,
+        fragmentation_at_end,
         phases: phases.intervals.clone(),
         phases_unknown_reason: phases.unknown_reason.clone(),
         categories_at_peak,
@@ -844,6 +904,7 @@ fn device_report_with(
             .as_ref()
             .and_then(|s| s.expandable_segments),
         snapshot.has_stacks(),
+        unsure_before_window_bytes,
     );
     report
 }

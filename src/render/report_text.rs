@@ -146,8 +146,8 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
                     a.age_events
                         .map(|x| x.to_string())
                         .unwrap_or_else(|| "-".into()),
-                    a.category.clone(),
-                    a.call_site.clone(),
+                    a.category.to_string(),
+                    a.call_site.to_string(),
                 ]
             })
             .collect(),

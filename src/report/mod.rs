@@ -1,7 +1,9 @@
 //! The output structs: one serde-serialisable source for every textual format.
 //! Field names marked "contract" in the issues are read by other tools: keep them stable.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -311,13 +313,14 @@ pub struct LiveAllocation {
     pub alloc_time_us: Option<i64>,
     /// Events between birth and the peak; null when born before the window.
     pub age_events: Option<u32>,
-    pub call_site: String,
+    /// Shared by the allocations of one site (a peak holds tens of thousands).
+    pub call_site: Arc<str>,
     pub stream: u64,
     /// Phase that allocated it (`unknown` before the window).
-    pub phase: String,
-    pub category: String,
+    pub phase: Cow<'static, str>,
+    pub category: Cow<'static, str>,
     /// `high` (phase seen in frames/annotations), `medium` (by position), `low` (a guess).
-    pub confidence: String,
+    pub confidence: Cow<'static, str>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -401,7 +404,7 @@ pub struct SegmentReport {
     pub internal_waste_bytes: u64,
     pub stream: u64,
     pub pool: Option<[i64; 2]>,
-    pub segment_type: String,
+    pub segment_type: Cow<'static, str>,
     pub expandable: bool,
 }
 
@@ -711,16 +714,24 @@ impl Report {
                     block_bytes: rest.iter().map(|a| a.block_bytes).sum(),
                 });
             }
-            dev.segments_omitted = cap_segments(&mut dev.segments, limit);
+            // Lists the analysis capped already keep what it left out.
+            if let Some(rest) = cap_segments(&mut dev.segments, limit) {
+                dev.segments_omitted = Some(rest);
+            }
             for oom in &mut dev.oom {
-                oom.segments_omitted = cap_segments(&mut oom.segments, limit);
+                if let Some(rest) = cap_segments(&mut oom.segments, limit) {
+                    oom.segments_omitted = Some(rest);
+                }
             }
         }
     }
 }
 
 /// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
-fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<OmittedSegments> {
+pub(crate) fn cap_segments(
+    segments: &mut Vec<SegmentReport>,
+    limit: usize,
+) -> Option<OmittedSegments> {
     if segments.len() <= limit {
         return None;
     }

@@ -106,7 +106,7 @@ fn without_stacks_weights_are_what_lives_from_the_start_in_the_optimizer_states_
             .iter()
             .find(|a| a.address == addr)
             .unwrap_or_else(|| panic!("{addr:#x}"));
-        (a.category.as_str(), a.confidence.as_str())
+        (a.category.as_ref(), a.confidence.as_ref())
     };
     assert_eq!(at_end(w1), ("weights", "medium"));
     assert_eq!(at_end(w2), ("weights", "medium"));

@@ -220,5 +220,5 @@ pub fn live_at(dev: &DeviceReport, addr: u64) -> &LiveAllocation {
 /// Category and confidence of the allocation alive at the peak at `addr`.
 pub fn category_at(dev: &DeviceReport, addr: u64) -> (&str, &str) {
     let a = live_at(dev, addr);
-    (a.category.as_str(), a.confidence.as_str())
+    (a.category.as_ref(), a.confidence.as_ref())
 }
