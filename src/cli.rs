@@ -408,8 +408,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
-                // The JSON report's lists are capped: capped in the analysis already, the
-                // allocations and segments left out are never described one by one.
+                // The JSON report's lists are capped (`--full`: complete).
                 list_limit: (format == Format::Json && !full && !brief)
                     .then_some(crate::report::JSON_LIST_LIMIT),
                 ..Default::default()
@@ -441,13 +440,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             };
             let mut bytes = match format {
                 _ if brief => crate::render::report_text::brief(&report).into_bytes(),
-                Format::Json => {
-                    let mut report = report;
-                    if !full {
-                        report.cap_lists(crate::report::JSON_LIST_LIMIT);
-                    }
-                    crate::render::json(&report)
-                }
+                Format::Json => crate::render::json(&report),
                 Format::Text => crate::render::report_text::text_styled(
                     &report,
                     &view,

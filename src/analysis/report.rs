@@ -10,12 +10,6 @@ use rayon::prelude::*;
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Claim, Confidence};
 use super::layout::{layout_with, Detail, Moment, SegmentLayout};
-
-/// Layouts whose sums are all a report reads of them.
-const SUMS: Detail = Detail {
-    blocks: false,
-    small_hole_limit: 0,
-};
 use super::phase::{find_phases, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
@@ -24,16 +18,24 @@ use crate::snapshot::{LoadedSnapshot, PoolKind, Snapshot, StackId};
 
 const SMALL_REQUEST_LIMIT: u64 = 1 << 20;
 
+/// Layouts whose sums are all a report reads of them.
+const SUMS: Detail = Detail {
+    blocks: false,
+    small_hole_limit: 0,
+};
+
 /// Options that change what a report contains.
 #[derive(Clone, Copy, Debug)]
 pub struct ReportOptions {
     pub device: Option<i64>,
     /// How many held-open allocations to list.
     pub held_open_limit: usize,
-    /// Entries kept of `live_at_peak` and of each `segments` list (the largest allocations,
-    /// the segments with the most free bytes; the rest summed beside them, as
-    /// [`Report::cap_lists`] does). `None`: complete lists. Capped here, a big dump's hundreds
-    /// of thousands of live allocations and segments are never described one by one.
+    /// Entries kept of `live_at_peak` (the largest allocations) and of each `segments` list
+    /// (the segments with the most free bytes, in their order); what a list leaves out is
+    /// summed beside it (`live_at_peak_omitted`, `segments_omitted`), so the JSON report of a
+    /// dump with 40,000 live tensors stays small enough for CI artifacts and `merge`. `None`:
+    /// complete lists. Capped here, the allocations and segments left out are never described
+    /// one by one.
     pub list_limit: Option<usize>,
 }
 
@@ -270,6 +272,40 @@ fn by_call_site<'a>(
             .then_with(|| a.call_site.cmp(&b.call_site))
     });
     out
+}
+
+/// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
+fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<OmittedSegments> {
+    if segments.len() <= limit {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..segments.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &segments[i];
+        (
+            std::cmp::Reverse(s.free_bytes),
+            std::cmp::Reverse(s.total_bytes),
+            i,
+        )
+    });
+    let mut keep = vec![false; segments.len()];
+    for &i in &order[..limit] {
+        keep[i] = true;
+    }
+    let mut rest = OmittedSegments::default();
+    let mut i = 0;
+    segments.retain(|s| {
+        let kept = keep[i];
+        i += 1;
+        if !kept {
+            rest.count += 1;
+            rest.total_bytes += s.total_bytes;
+            rest.allocated_bytes += s.allocated_bytes;
+            rest.free_bytes += s.free_bytes;
+        }
+        kept
+    });
+    Some(rest)
 }
 
 fn segment_reports(layout: &[SegmentLayout]) -> Vec<SegmentReport> {
