@@ -21,7 +21,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
-use super::phase::{optimizer_code_while_loading, PerStack, Phase, Phases, Source};
+use super::phase::{PerStack, Phase, Phases, Source};
 use super::replay::{Allocation, DeviceReplay, Origin};
 use crate::snapshot::{Interner, Snapshot, StackId};
 
@@ -250,10 +250,16 @@ impl<'a> Categorizer<'a> {
                 Category::Temporary,
                 "allocated and freed while the model was loading",
             ),
-            Phase::Load if optimizer_code_while_loading(self.interner, a.stack) => c(
-                Category::OptimizerState,
-                "allocated by the optimizer's code while the model was set up",
-            ),
+            Phase::Load
+                if self
+                    .phases
+                    .optimizer_code_while_loading(self.interner, a.stack) =>
+            {
+                c(
+                    Category::OptimizerState,
+                    "allocated by the optimizer's code while the model was set up",
+                )
+            }
             Phase::Load => c(Category::Weights, "allocated while the model was loading"),
             Phase::Forward if !self.forward_is_training(born) => c(
                 Category::Activations,
@@ -393,7 +399,11 @@ impl<'a> Categorizer<'a> {
         if a.origin == Origin::Ghost {
             if let Some(p) = self.phases.of_stack(self.interner, a.stack) {
                 let c = match p {
-                    Phase::Load if optimizer_code_while_loading(self.interner, a.stack) => {
+                    Phase::Load
+                        if self
+                            .phases
+                            .optimizer_code_while_loading(self.interner, a.stack) =>
+                    {
                         Category::OptimizerState
                     }
                     Phase::Load => Category::Weights,

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::replay::{Curve, DeviceReplay};
 use super::summary::piece_entries;
-use crate::snapshot::{Action, Interner, Snapshot, StackId, Trace};
+use crate::snapshot::{Action, FrameId, Interner, Snapshot, StackId, Trace};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -60,6 +60,75 @@ impl PerStack {
             STACK_NO_PHASE => None,
             k => Some(k),
         }
+    }
+}
+
+/// What each distinct frame says ([`frame_mark`]): stacks share most of their frames (a real
+/// dump has 100,000s of stacks over a few thousand frames), and reading one is string matching.
+/// Shared by threads like [`PerStack`].
+#[derive(Default)]
+pub struct PerFrame(Vec<AtomicU8>);
+
+/// In a [`PerFrame`] cache: a `no_grad` context (phases are stored by index).
+const FRAME_NO_GRAD: u8 = u8::MAX - 2;
+
+impl PerFrame {
+    pub fn new(interner: &Interner) -> PerFrame {
+        PerFrame(
+            (0..interner.frame_count())
+                .map(|_| AtomicU8::new(STACK_UNSEEN))
+                .collect(),
+        )
+    }
+
+    fn mark(&self, interner: &Interner, id: FrameId) -> Option<Mark> {
+        let of_frame = || {
+            let f = interner.get_frame(id);
+            let raw = interner.get_text(f.filename);
+            let file = if raw.contains('\\') {
+                std::borrow::Cow::Owned(raw.replace('\\', "/"))
+            } else {
+                std::borrow::Cow::Borrowed(raw)
+            };
+            frame_mark(interner.get_text(f.name), &file)
+        };
+        let Some(cell) = self.0.get(id.0 as usize) else {
+            return of_frame();
+        };
+        let code = match cell.load(Ordering::Relaxed) {
+            STACK_UNSEEN => {
+                let code = match of_frame() {
+                    None => STACK_NO_PHASE,
+                    Some(Mark::NoGrad) => FRAME_NO_GRAD,
+                    Some(Mark::Is(p)) => p as u8,
+                };
+                cell.store(code, Ordering::Relaxed);
+                code
+            }
+            code => code,
+        };
+        match code {
+            STACK_NO_PHASE => None,
+            FRAME_NO_GRAD => Some(Mark::NoGrad),
+            k => Some(Mark::Is(Phase::ALL[k as usize])),
+        }
+    }
+}
+
+impl Clone for PerFrame {
+    fn clone(&self) -> Self {
+        PerFrame(
+            self.0
+                .iter()
+                .map(|c| AtomicU8::new(c.load(Ordering::Relaxed)))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Debug for PerFrame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PerFrame({} frames)", self.0.len())
     }
 }
 
@@ -140,6 +209,8 @@ pub struct Phases {
     pub unknown_reason: Option<String>,
     /// The phase each stack's frames show, once looked at.
     pub stack_phases: PerStack,
+    /// What each frame shows, once looked at.
+    pub frame_marks: PerFrame,
     /// Ends (time) of the `Optimizer.step` ranges, in order: steps are counted from them.
     pub step_ends: Vec<i64>,
     /// Inference only: eval evidence and neither backward frames nor an optimizer anywhere in
@@ -152,12 +223,17 @@ impl Phases {
     pub fn of_stack(&self, interner: &Interner, stack: StackId) -> Option<Phase> {
         self.stack_phases
             .get(stack, || {
-                phase_from_frames(interner, stack).map(|p| p as u8)
+                phase_of_frames(interner, &self.frame_marks, stack).map(|p| p as u8)
             })
             .map(|k| match Phase::ALL[k as usize] {
                 Phase::Forward if self.inference => Phase::Eval,
                 p => p,
             })
+    }
+
+    /// [`optimizer_code_while_loading`] with this trace's frame marks.
+    pub fn optimizer_code_while_loading(&self, interner: &Interner, stack: StackId) -> bool {
+        optimizer_code_while_loading_in(interner, &self.frame_marks, stack)
     }
 
     pub fn at(&self, event: Option<u32>) -> Phase {
@@ -330,6 +406,11 @@ fn frame_mark(name: &str, file: &str) -> Option<Mark> {
 /// generation, validation or `no_grad` is evaluation, and anything under loading (a profiling
 /// forward at init, optimizer buffers built by `init_model`) is loading.
 pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
+    phase_of_frames(interner, &PerFrame::default(), stack)
+}
+
+/// [`phase_from_frames`] with the frames' marks cached in `marks`.
+fn phase_of_frames(interner: &Interner, marks: &PerFrame, stack: StackId) -> Option<Phase> {
     let frames = interner.get_stack(stack);
     let mut phase: Option<Phase> = None;
     // A context that would turn the forward into evaluation, kept only if no module forward
@@ -337,15 +418,7 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
     // not evaluation.
     let mut eval_context = false;
     for &id in frames {
-        let f = interner.get_frame(id);
-        let name = interner.get_text(f.name);
-        let raw = interner.get_text(f.filename);
-        let file = if raw.contains('\\') {
-            std::borrow::Cow::Owned(raw.replace('\\', "/"))
-        } else {
-            std::borrow::Cow::Borrowed(raw)
-        };
-        let Some(mark) = frame_mark(name, &file) else {
+        let Some(mark) = marks.mark(interner, id) else {
             continue;
         };
         phase = match (phase, mark) {
@@ -383,14 +456,18 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
 /// optimizer building its fp32 main parameters in `init_model`): loading by phase, optimizer
 /// state by what they are.
 pub fn optimizer_code_while_loading(interner: &Interner, stack: StackId) -> bool {
-    let mut marks = interner.get_stack(stack).iter().filter_map(|&id| {
-        let f = interner.get_frame(id);
-        let file = interner.get_text(f.filename).replace('\\', "/");
-        match frame_mark(interner.get_text(f.name), &file) {
-            Some(Mark::Is(p)) => Some(p),
-            _ => None,
-        }
-    });
+    optimizer_code_while_loading_in(interner, &PerFrame::default(), stack)
+}
+
+fn optimizer_code_while_loading_in(interner: &Interner, marks: &PerFrame, stack: StackId) -> bool {
+    let mut marks =
+        interner
+            .get_stack(stack)
+            .iter()
+            .filter_map(|&id| match marks.mark(interner, id) {
+                Some(Mark::Is(p)) => Some(p),
+                _ => None,
+            });
     marks.next() == Some(Phase::Optimizer) && marks.any(|p| p == Phase::Load)
 }
 
@@ -517,9 +594,12 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // Metadata and frames say something of each event alone: on every core, with the phase of
     // each stack found once (benign races: two threads may both work it out).
     let stack_phases = PerStack::new(interner);
+    let frame_marks = PerFrame::new(interner);
     let phase_of_stack = |id: StackId| -> Option<Phase> {
         stack_phases
-            .get(id, || phase_from_frames(interner, id).map(|p| p as u8))
+            .get(id, || {
+                phase_of_frames(interner, &frame_marks, id).map(|p| p as u8)
+            })
             .map(|k| Phase::ALL[k as usize])
     };
     per_event
@@ -676,6 +756,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         intervals: Vec::new(),
         unknown_reason,
         stack_phases,
+        frame_marks,
         step_ends,
         inference,
     };

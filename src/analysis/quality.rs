@@ -604,12 +604,15 @@ fn addresses_outside_segments(
     })
 }
 
-/// Address ranges (merged), asked for millions of trace addresses. A table of 2 MiB granules
-/// over their span answers most questions with one load: a granule lies wholly inside one
-/// range, wholly outside them all, or (the few at range ends) is searched for.
+/// Address ranges (merged), asked for millions of trace addresses. Tables of 2 MiB granules
+/// answer most questions with one load: a granule lies wholly inside one range, wholly outside
+/// them all, or (the few at range ends) is searched for. Ranges far apart (other devices' or
+/// processes' address spaces, a long run's shifted ranges) get a table each, found by a search
+/// over the tables, so that the granules cover where the ranges are, not the span between.
 struct AddressRanges {
     merged: Vec<(u64, u64)>,
-    first: u64,
+    /// Per table: its first address, the end of its last range and where its granules start.
+    tables: Vec<(u64, u64, usize)>,
     granules: Vec<Granule>,
 }
 
@@ -621,7 +624,9 @@ enum Granule {
 }
 
 const GRANULE_SHIFT: u32 = 21;
-/// Largest granule table (2 TiB of address space); a wider span is searched throughout.
+/// A gap this wide between ranges starts a new table.
+const TABLE_GAP: u64 = 1 << 30;
+/// Most granules in all (1 MiB of table); beyond, every address is searched.
 const MAX_GRANULES: u64 = 1 << 20;
 
 impl AddressRanges {
@@ -634,35 +639,59 @@ impl AddressRanges {
                 _ => merged.push((start, end)),
             }
         }
-        let first = merged.first().map_or(0, |r| r.0);
-        let last = merged.iter().map(|r| r.1).max().unwrap_or(first).max(first);
-        let count = (last - first).div_ceil(1 << GRANULE_SHIFT);
+        let mut tables: Vec<(u64, u64, usize)> = Vec::new();
+        let mut total: u64 = 0;
+        for &(start, end) in merged.iter().filter(|r| r.0 < r.1) {
+            match tables.last_mut() {
+                Some(t) if start - t.1 < TABLE_GAP => t.1 = end,
+                _ => tables.push((start, end, 0)),
+            }
+        }
+        for t in &mut tables {
+            t.2 = total as usize;
+            total = total.saturating_add((t.1 - t.0).div_ceil(1 << GRANULE_SHIFT));
+        }
         let mut granules = Vec::new();
-        if count <= MAX_GRANULES {
-            granules = vec![Granule::Outside; count as usize];
+        if total <= MAX_GRANULES {
+            granules = vec![Granule::Outside; total as usize];
+            let mut k = 0;
             for &(start, end) in merged.iter().filter(|r| r.0 < r.1) {
+                while tables[k].1 < end {
+                    k += 1;
+                }
+                let (first, _, offset) = tables[k];
                 let (a, b) = (start - first, end - first);
                 for g in a >> GRANULE_SHIFT..=(b - 1) >> GRANULE_SHIFT {
                     let (lo, hi) = (g << GRANULE_SHIFT, (g + 1) << GRANULE_SHIFT);
-                    granules[g as usize] = if a <= lo && hi <= b {
+                    granules[offset + g as usize] = if a <= lo && hi <= b {
                         Granule::Inside
                     } else {
                         Granule::Search
                     };
                 }
             }
+        } else {
+            tables.clear();
         }
         AddressRanges {
             merged,
-            first,
+            tables,
             granules,
         }
     }
 
     fn contains(&self, addr: u64) -> bool {
-        if !self.granules.is_empty() {
-            let g = addr.wrapping_sub(self.first) >> GRANULE_SHIFT;
-            match self.granules.get(g as usize) {
+        if !self.tables.is_empty() {
+            let t = self.tables.partition_point(|&(first, _, _)| first <= addr);
+            let Some(&(first, end, offset)) = t.checked_sub(1).and_then(|t| self.tables.get(t))
+            else {
+                return false;
+            };
+            if addr >= end {
+                return false;
+            }
+            let g = offset + ((addr - first) >> GRANULE_SHIFT) as usize;
+            match self.granules.get(g) {
                 Some(Granule::Inside) => return true,
                 Some(Granule::Outside) | None => return false,
                 Some(Granule::Search) => {}
@@ -845,13 +874,18 @@ mod tests {
                 })
                 .collect();
             let set = AddressRanges::new(ranges.clone());
-            let span = ranges
-                .iter()
-                .map(|r| r.1)
-                .max()
-                .unwrap()
-                .saturating_sub(ranges.iter().map(|r| r.0).min().unwrap());
-            assert_eq!(set.granules.is_empty(), span > 2 << 40, "case {case}");
+            let filled: Vec<&(u64, u64)> = ranges.iter().filter(|r| r.0 < r.1).collect();
+            // Ranges far apart get tables of their own, not one over the span between.
+            match (
+                filled.iter().map(|r| r.0).min(),
+                filled.iter().map(|r| r.1).max(),
+            ) {
+                (Some(lo), Some(hi)) => {
+                    assert!(!set.granules.is_empty(), "case {case}");
+                    assert_eq!(set.tables.len() > 1, hi - lo > 2 << 40, "case {case}");
+                }
+                _ => assert!(set.tables.is_empty(), "case {case}"),
+            }
             let mut probes: Vec<u64> = vec![0, base - 1, u64::MAX];
             for &(s, e) in &ranges {
                 probes.extend([s.wrapping_sub(1), s, s + 1, e.wrapping_sub(1), e, e + 1]);
