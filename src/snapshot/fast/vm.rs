@@ -465,6 +465,19 @@ fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
     }
 }
 
+/// The bytes from `p` up to an APPENDS when they are memo fetches only (BINGET, LONG_BINGET).
+fn fetches_until_appends(data: &[u8], p: usize) -> Option<&[u8]> {
+    let mut q = p;
+    loop {
+        match *data.get(q)? {
+            op::LONG_BINGET => q += 5,
+            op::BINGET => q += 2,
+            op::APPENDS => return data.get(p..q),
+            _ => return None,
+        }
+    }
+}
+
 /// Slots of the direct-mapped caches of other chunks' memo values (a power of two). Memo
 /// indices of the hot values (dict keys, action names, frame dicts) can be anywhere: in real
 /// dumps the trace's keys come after every segment's values, millions of indices in.
@@ -917,6 +930,12 @@ pub struct Vm<'a, 'c> {
     pub op_pos: usize,
     /// Where [`Vm::ext_frames`] stopped.
     after_frames: usize,
+    /// Frames lists read by [`Vm::ext_frames`], by their bytes up to APPENDS: a stack that
+    /// repeats repeats its fetches byte for byte, and its list shares the first one's items
+    /// and slot (sealed lists never change).
+    frames_seen: FxHashMap<&'a [u8], (u32, u32, u32)>,
+    /// Keys of `frames_seen` in the order they came, so that a rollback removes its own.
+    frames_log: Vec<&'a [u8]>,
     /// Memo values looked up in other chunks (for the work counter).
     lookups: u64,
     /// Segment dicts read here (chunk mode).
@@ -979,6 +998,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             str_action: Vec::new(),
             op_pos: 0,
             after_frames: 0,
+            frames_seen: FxHashMap::default(),
+            frames_log: Vec::new(),
             lookups: 0,
             segs: Vec::new(),
         }
@@ -1203,10 +1224,15 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.a.dicts.len(),
             self.a.dpool.len(),
             self.segs.len(),
+            self.frames_log.len(),
         );
         match self.entry_body(data, pos + 3) {
             Ok(Some(end)) => Some(end),
             _ => {
+                // Lists whose items are about to go from the pool.
+                for key in self.frames_log.drain(saved.7..) {
+                    self.frames_seen.remove(key);
+                }
                 self.memo.truncate(saved.0);
                 self.memo_next = saved.1;
                 self.a.lists.truncate(saved.2);
@@ -1428,8 +1454,11 @@ impl<'a, 'c> Vm<'a, 'c> {
             if field <= F_CC {
                 f[field as usize] = Some(v);
             }
-            pairs.push(key);
-            pairs.push(v);
+            // The pairs make a dict only when there is no action (a trace entry has it first).
+            if f[F_ACTION as usize].is_none() {
+                pairs.push(key);
+                pairs.push(v);
+            }
         }
         if f[F_ACTION as usize].is_none() {
             // What EMPTY_DICT, MEMOIZE and SETITEMS would have made (`try_record` finds no
@@ -1460,9 +1489,22 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// common case: a program's frames repeat): fetches from `p` up to APPENDS, read straight
     /// into list `l` and its stack slot, without the generic list and slot steps. False, with
     /// nothing changed, for anything else.
-    fn ext_frames(&mut self, data: &[u8], mut p: usize, l: u32) -> bool {
+    fn ext_frames(&mut self, data: &'a [u8], mut p: usize, l: u32) -> bool {
         if self.mode != Mode::Chunk || self.a.lists[l as usize].len != 0 {
             return false;
+        }
+        // Seen before: the same bytes are the same fetches.
+        let Some(bytes) = fetches_until_appends(data, p) else {
+            return false;
+        };
+        if let Some(&(start, len, slot)) = self.frames_seen.get(bytes) {
+            let list = &mut self.a.lists[l as usize];
+            list.start = start;
+            list.len = len;
+            list.stack = slot;
+            list.sealed = true;
+            self.after_frames = p + bytes.len() + 1;
+            return true;
         }
         let mut refs = std::mem::take(&mut self.scratch);
         refs.clear();
@@ -1496,6 +1538,9 @@ impl<'a, 'c> Vm<'a, 'c> {
                 list.stack = slot;
                 list.sealed = true;
                 self.after_frames = end;
+                self.frames_seen
+                    .insert(bytes, (start, refs.len() as u32, slot));
+                self.frames_log.push(bytes);
                 true
             }
             _ => false,
