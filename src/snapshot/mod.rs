@@ -92,12 +92,26 @@ pub fn load_with(path: &Path, opts: LoadOptions) -> Result<LoadedSnapshot, LoadE
             })
             .stream = Some(note);
     }
+    drop(bytes);
+    hand_back_free_memory();
     Ok(LoadedSnapshot {
         name,
         decoded_bytes,
         compression,
         snapshot,
     })
+}
+
+/// Returns the heap memory freed by the reader to the system. glibc keeps what is freed in its
+/// heaps, where the chunks' containers leave holes the analysis does not fill: resident memory
+/// would be the reader's peak plus the analysis (notHanmin x28: peak 61 -> 51 MB, in ~2 ms).
+fn hand_back_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only gives free pages of the allocator's own heaps back; it takes
+    // no pointer and touches no memory in use.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 fn truncated(name: &str, error: PickleError, opts: LoadOptions) -> LoadError {
