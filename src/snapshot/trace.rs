@@ -1,4 +1,4 @@
-//! Compact storage of one device's trace: 24 bytes per entry instead of ~90 for a plain
+//! Compact storage of one device's trace: 20 bytes per entry instead of ~90 for a plain
 //! `Vec<TraceEntry>`. Entries are read back as [`TraceEntry`] values (`get`, `iter`, `range`).
 //!
 //! An entry keeps its address, its size (as u32, wider ones in a side table), its stack id, an
@@ -29,15 +29,22 @@ pub(crate) struct Meta {
     pub has_device_free: bool,
 }
 
+/// One entry in 20 bytes (4-byte alignment). The address is kept as an offset in a 2^48-byte
+/// window around the part's first address (a device's addresses lie far closer together), and
+/// the offset's top 16 bits hold the metadata id; another address or id is in `wide_addrs`.
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
+#[repr(C, packed(4))]
 pub(crate) struct Row {
-    pub addr: u64,
+    addr_meta: u64,
     pub size: u32,
     pub stack: u32,
-    pub meta: u32,
     pub time: u32,
 }
+
+const ADDR_BITS: u32 = 48;
+const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
+/// In `addr_meta`'s top bits: the address and metadata id are in the side table.
+const WIDE_META: u64 = 0xFFFF;
 
 /// The fields of a trace entry that the replay and most checks read, cheaper to get than a
 /// whole [`TraceEntry`].
@@ -63,6 +70,10 @@ pub(crate) struct Part {
     /// (row, value), rows ascending.
     wide_times: Vec<(u32, i64)>,
     wide_sizes: Vec<(u32, u64)>,
+    /// Where the addresses' window starts: 2^47 below the part's first address.
+    addr_base: Option<u64>,
+    /// (row, (address, metadata id)) of rows whose address or id does not fit `addr_meta`.
+    wide_addrs: Vec<(u32, (u64, u32))>,
     device_free: Vec<(u32, u64)>,
 }
 
@@ -108,11 +119,20 @@ impl Part {
             }
         };
         let time = self.time_code(row, e.time_us);
+        let base = *self
+            .addr_base
+            .get_or_insert(e.addr.saturating_sub(1 << (ADDR_BITS - 1)));
+        let offset = e.addr.wrapping_sub(base);
+        let addr_meta = if e.addr >= base && offset <= ADDR_MASK && u64::from(meta) < WIDE_META {
+            offset | u64::from(meta) << ADDR_BITS
+        } else {
+            self.wide_addrs.push((row, (e.addr, meta)));
+            WIDE_META << ADDR_BITS
+        };
         self.rows.push(Row {
-            addr: e.addr,
+            addr_meta,
             size,
             stack: e.frames.0,
-            meta,
             time,
         });
     }
@@ -153,12 +173,13 @@ impl Part {
     #[inline]
     pub fn get(&self, i: usize) -> TraceEntry {
         let r = self.rows[i];
-        let m = self.metas[r.meta as usize];
+        let (addr, meta) = self.addr_meta(i);
+        let m = self.metas[meta as usize];
         let row = i as u32;
         TraceEntry {
             action: m.action,
             action_text: m.action_text,
-            addr: r.addr,
+            addr,
             size: self.size(i),
             stream: m.stream,
             device_free: if m.has_device_free {
@@ -186,14 +207,26 @@ impl Part {
     /// What most passes read of row `i`: no time, stream or metadata lookups.
     #[inline]
     pub fn core(&self, i: usize) -> Core {
-        let r = &self.rows[i];
-        let m = &self.metas[r.meta as usize];
+        let r = self.rows[i];
+        let (addr, meta) = self.addr_meta(i);
+        let m = &self.metas[meta as usize];
         Core {
             action: m.action,
             user_metadata: m.user_metadata,
-            addr: r.addr,
+            addr,
             size: self.size(i),
             frames: StackId(r.stack),
+        }
+    }
+
+    /// The address and metadata id of row `i`.
+    #[inline]
+    fn addr_meta(&self, i: usize) -> (u64, u32) {
+        let v = self.rows[i].addr_meta;
+        let base = self.addr_base.unwrap_or(0);
+        match v >> ADDR_BITS {
+            WIDE_META => side(&self.wide_addrs, i as u32).unwrap_or((base, 0)),
+            meta => (base.wrapping_add(v & ADDR_MASK), meta as u32),
         }
     }
 
@@ -232,6 +265,7 @@ impl Part {
                 + self.wide_sizes.capacity()
                 + self.device_free.capacity())
                 * 16
+            + self.wide_addrs.capacity() * std::mem::size_of::<(u32, (u64, u32))>()
     }
 }
 
@@ -531,7 +565,32 @@ mod tests {
         assert_eq!(t.get(7), Some(entries[7]));
         assert_eq!(t.get(20), None);
         assert_eq!(t.range(18..40).count(), 2);
-        assert_eq!(std::mem::size_of::<Row>(), 24);
+        assert_eq!(std::mem::size_of::<Row>(), 20);
+    }
+
+    /// Addresses from 2^48 up and metadata ids past 16 bits do not fit a row's packed word:
+    /// they come back from the side table, the others from the row.
+    #[test]
+    fn wide_addresses_and_many_metadata_come_back() {
+        let mut entries: Vec<TraceEntry> = (0..70_000u64)
+            .map(|i| TraceEntry {
+                // A distinct stream per entry: 70,000 metadata ids.
+                stream: i,
+                ..entry(i)
+            })
+            .collect();
+        // Outside the first address's 2^48-byte window (1 << 50 and up), and inside it (0).
+        for (k, addr) in [0, 1 << 50, u64::MAX, (1 << 48) + 0x7f00_0000_0000]
+            .into_iter()
+            .enumerate()
+        {
+            entries[k * 10].addr = addr;
+            entries[69_990 + k].addr = addr;
+        }
+        let t = Trace::from_entries(&entries);
+        let back: Vec<TraceEntry> = t.iter().collect();
+        assert_eq!(back, entries);
+        assert_eq!(t.get(69_992).map(|e| e.addr), Some(u64::MAX));
     }
 
     #[test]
