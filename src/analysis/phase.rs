@@ -27,36 +27,67 @@ pub enum Phase {
     Unknown,
 }
 
-/// In a [`PerStack`] cache: not looked at yet / nothing found; else the value.
+/// In a [`OnceBytes`] cache: not looked at yet; in [`PerStack`]: nothing found; else the value.
 const STACK_UNSEEN: u8 = u8::MAX;
 const STACK_NO_PHASE: u8 = u8::MAX - 1;
 
-/// A small answer (a phase, a category) worked out once per distinct stack: reading a stack's
-/// frames is string matching, and real dumps have 10,000s of allocations per stack. Shared by
-/// threads (benign races: two may both work the same stack out).
+/// One byte per id, worked out on first use and kept. Shared by threads (benign races: two may
+/// both work the same id out).
 #[derive(Default)]
-pub struct PerStack(Vec<AtomicU8>);
+struct OnceBytes(Vec<AtomicU8>);
 
-impl PerStack {
-    pub fn new(interner: &Interner) -> PerStack {
-        PerStack(
-            (0..interner.stack_count())
-                .map(|_| AtomicU8::new(STACK_UNSEEN))
-                .collect(),
-        )
+impl OnceBytes {
+    fn new(len: usize) -> OnceBytes {
+        OnceBytes((0..len).map(|_| AtomicU8::new(STACK_UNSEEN)).collect())
     }
 
-    /// `f(stack)` as an index below `STACK_NO_PHASE` (`None`: nothing), computed once.
-    pub fn get(&self, id: StackId, f: impl FnOnce() -> Option<u8>) -> Option<u8> {
-        let Some(cell) = self.0.get(id.0 as usize) else {
+    /// The byte of `id`: `f()` the first time (below `STACK_UNSEEN`); ids beyond the table are
+    /// worked out every time.
+    fn get(&self, id: usize, f: impl FnOnce() -> u8) -> u8 {
+        let Some(cell) = self.0.get(id) else {
             return f();
         };
         match cell.load(Ordering::Relaxed) {
             STACK_UNSEEN => {
                 let v = f();
-                cell.store(v.unwrap_or(STACK_NO_PHASE), Ordering::Relaxed);
+                cell.store(v, Ordering::Relaxed);
                 v
             }
+            v => v,
+        }
+    }
+}
+
+impl Clone for OnceBytes {
+    fn clone(&self) -> Self {
+        OnceBytes(
+            self.0
+                .iter()
+                .map(|c| AtomicU8::new(c.load(Ordering::Relaxed)))
+                .collect(),
+        )
+    }
+}
+
+impl std::fmt::Debug for OnceBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ids", self.0.len())
+    }
+}
+
+/// A small answer (a phase, a category) worked out once per distinct stack: reading a stack's
+/// frames is string matching, and real dumps have 10,000s of allocations per stack.
+#[derive(Clone, Debug, Default)]
+pub struct PerStack(OnceBytes);
+
+impl PerStack {
+    pub fn new(interner: &Interner) -> PerStack {
+        PerStack(OnceBytes::new(interner.stack_count()))
+    }
+
+    /// `f(stack)` as an index below `STACK_NO_PHASE` (`None`: nothing), computed once.
+    pub fn get(&self, id: StackId, f: impl FnOnce() -> Option<u8>) -> Option<u8> {
+        match self.0.get(id.0 as usize, || f().unwrap_or(STACK_NO_PHASE)) {
             STACK_NO_PHASE => None,
             k => Some(k),
         }
@@ -65,24 +96,19 @@ impl PerStack {
 
 /// What each distinct frame says ([`frame_mark`]): stacks share most of their frames (a real
 /// dump has 100,000s of stacks over a few thousand frames), and reading one is string matching.
-/// Shared by threads like [`PerStack`].
-#[derive(Default)]
-pub struct PerFrame(Vec<AtomicU8>);
+#[derive(Clone, Debug, Default)]
+pub struct PerFrame(OnceBytes);
 
 /// In a [`PerFrame`] cache: a `no_grad` context (phases are stored by index).
 const FRAME_NO_GRAD: u8 = u8::MAX - 2;
 
 impl PerFrame {
     pub fn new(interner: &Interner) -> PerFrame {
-        PerFrame(
-            (0..interner.frame_count())
-                .map(|_| AtomicU8::new(STACK_UNSEEN))
-                .collect(),
-        )
+        PerFrame(OnceBytes::new(interner.frame_count()))
     }
 
     fn mark(&self, interner: &Interner, id: FrameId) -> Option<Mark> {
-        let of_frame = || {
+        let code = self.0.get(id.0 as usize, || {
             let f = interner.get_frame(id);
             let raw = interner.get_text(f.filename);
             let file = if raw.contains('\\') {
@@ -90,62 +116,17 @@ impl PerFrame {
             } else {
                 std::borrow::Cow::Borrowed(raw)
             };
-            frame_mark(interner.get_text(f.name), &file)
-        };
-        let Some(cell) = self.0.get(id.0 as usize) else {
-            return of_frame();
-        };
-        let code = match cell.load(Ordering::Relaxed) {
-            STACK_UNSEEN => {
-                let code = match of_frame() {
-                    None => STACK_NO_PHASE,
-                    Some(Mark::NoGrad) => FRAME_NO_GRAD,
-                    Some(Mark::Is(p)) => p as u8,
-                };
-                cell.store(code, Ordering::Relaxed);
-                code
+            match frame_mark(interner.get_text(f.name), &file) {
+                None => STACK_NO_PHASE,
+                Some(Mark::NoGrad) => FRAME_NO_GRAD,
+                Some(Mark::Is(p)) => p as u8,
             }
-            code => code,
-        };
+        });
         match code {
             STACK_NO_PHASE => None,
             FRAME_NO_GRAD => Some(Mark::NoGrad),
             k => Some(Mark::Is(Phase::ALL[k as usize])),
         }
-    }
-}
-
-impl Clone for PerFrame {
-    fn clone(&self) -> Self {
-        PerFrame(
-            self.0
-                .iter()
-                .map(|c| AtomicU8::new(c.load(Ordering::Relaxed)))
-                .collect(),
-        )
-    }
-}
-
-impl std::fmt::Debug for PerFrame {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PerFrame({} frames)", self.0.len())
-    }
-}
-
-impl Clone for PerStack {
-    fn clone(&self) -> Self {
-        PerStack(
-            self.0
-                .iter()
-                .map(|c| AtomicU8::new(c.load(Ordering::Relaxed)))
-                .collect(),
-        )
-    }
-}
-
-impl std::fmt::Debug for PerStack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PerStack({} stacks)", self.0.len())
     }
 }
 
