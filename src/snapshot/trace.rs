@@ -568,8 +568,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<Row>(), 20);
     }
 
-    /// Addresses from 2^48 up and metadata ids past 16 bits do not fit a row's packed word:
-    /// they come back from the side table, the others from the row.
+    /// Addresses outside the 2^48-byte window around the part's first address, and metadata
+    /// ids past 16 bits, do not fit a row's packed word: they come back from the side table,
+    /// the others from the row.
     #[test]
     fn wide_addresses_and_many_metadata_come_back() {
         let mut entries: Vec<TraceEntry> = (0..70_000u64)

@@ -1489,62 +1489,57 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// common case: a program's frames repeat): fetches from `p` up to APPENDS, read straight
     /// into list `l` and its stack slot, without the generic list and slot steps. False, with
     /// nothing changed, for anything else.
-    fn ext_frames(&mut self, data: &'a [u8], mut p: usize, l: u32) -> bool {
+    fn ext_frames(&mut self, data: &'a [u8], p: usize, l: u32) -> bool {
         if self.mode != Mode::Chunk || self.a.lists[l as usize].len != 0 {
             return false;
         }
-        // Seen before: the same bytes are the same fetches.
         let Some(bytes) = fetches_until_appends(data, p) else {
             return false;
         };
+        let end = p + bytes.len() + 1;
+        // Seen before: the same bytes are the same fetches.
         if let Some(&(start, len, slot)) = self.frames_seen.get(bytes) {
             let list = &mut self.a.lists[l as usize];
             list.start = start;
             list.len = len;
             list.stack = slot;
             list.sealed = true;
-            self.after_frames = p + bytes.len() + 1;
+            self.after_frames = end;
             return true;
         }
         let mut refs = std::mem::take(&mut self.scratch);
         refs.clear();
-        let end = loop {
-            if data.get(p) == Some(&op::APPENDS) {
-                break Some(p + 1);
-            }
-            let Some((g, np)) = memo_index(data, p) else {
-                break None;
-            };
+        let mut earlier = true;
+        let mut q = 0;
+        while let Some((g, next)) = memo_index(bytes, q) {
             if g >= self.memo_base {
-                break None;
+                earlier = false;
+                break;
             }
             refs.push(g);
-            p = np;
-        };
-        let ok = match end {
-            Some(end) if self.a.pool.len() + refs.len() < u32::MAX as usize => {
-                // No frames: no slot (as `content_slot` gives).
-                let slot = if refs.is_empty() {
-                    0
-                } else {
-                    self.slot_of(&refs)
-                };
-                // The items stay readable as a list (for anything else that fetches it).
-                let start = self.a.pool.len() as u32;
-                self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
-                let list = &mut self.a.lists[l as usize];
-                list.start = start;
-                list.len = refs.len() as u32;
-                list.stack = slot;
-                list.sealed = true;
-                self.after_frames = end;
-                self.frames_seen
-                    .insert(bytes, (start, refs.len() as u32, slot));
-                self.frames_log.push(bytes);
-                true
-            }
-            _ => false,
-        };
+            q = next;
+        }
+        let ok = earlier && self.a.pool.len() + refs.len() < u32::MAX as usize;
+        if ok {
+            // No frames: no slot (as `content_slot` gives).
+            let slot = if refs.is_empty() {
+                0
+            } else {
+                self.slot_of(&refs)
+            };
+            // The items stay readable as a list (for anything else that fetches it).
+            let start = self.a.pool.len() as u32;
+            self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
+            let list = &mut self.a.lists[l as usize];
+            list.start = start;
+            list.len = refs.len() as u32;
+            list.stack = slot;
+            list.sealed = true;
+            self.after_frames = end;
+            self.frames_seen
+                .insert(bytes, (start, refs.len() as u32, slot));
+            self.frames_log.push(bytes);
+        }
         self.scratch = refs;
         ok
     }
