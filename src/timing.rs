@@ -28,10 +28,12 @@ impl Timer {
                     .to_owned()
             };
             eprintln!(
-                "timing: {what}: {:.1} ms (rss {} kB, peak {} kB)",
+                "timing: {what}: {:.1} ms (rss {} kB, peak {} kB; anon {} kB, file {} kB)",
                 (now - self.last).as_secs_f64() * 1e3,
                 field("VmRSS:"),
-                field("VmHWM:")
+                field("VmHWM:"),
+                field("RssAnon:"),
+                field("RssFile:")
             );
             self.last = now;
         }

@@ -109,7 +109,7 @@ fn dump_is_moment(snapshot: &Snapshot, device: i64, event: u32) -> bool {
     })
 }
 
-fn end_layout(snapshot: &Snapshot, device: i64, detail: Detail) -> Vec<SegmentLayout> {
+fn end_layout(snapshot: &Snapshot, device: i64, detail: Detail, f: &mut dyn FnMut(SegmentLayout)) {
     snapshot
         .segments_of(device)
         .map(|seg| {
@@ -177,7 +177,7 @@ fn end_layout(snapshot: &Snapshot, device: i64, detail: Detail) -> Vec<SegmentLa
             }
             layout
         })
-        .collect()
+        .for_each(f)
 }
 
 /// Segments that existed at `moment`, undoing segment events from the end of the trace.
@@ -431,13 +431,27 @@ pub fn layout_with(
     moment: Moment,
     detail: Detail,
 ) -> Vec<SegmentLayout> {
+    let mut out = Vec::new();
+    for_each_layout(snapshot, replay, moment, detail, &mut |l| out.push(l));
+    out
+}
+
+/// [`layout_with`], one segment at a time and in address order, for callers that fold the
+/// layouts into sums (a big dump has tens of thousands of segments).
+pub fn for_each_layout(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    moment: Moment,
+    detail: Detail,
+    f: &mut dyn FnMut(SegmentLayout),
+) {
     let device = replay.device;
     let moment = match moment {
         Moment::After(e) if dump_is_moment(snapshot, device, e) => Moment::End,
         m => m,
     };
     if moment == Moment::End {
-        return end_layout(snapshot, device, detail);
+        return end_layout(snapshot, device, detail, f);
     }
     let segs = segments_at(snapshot, replay, moment);
     let event = match moment {
@@ -457,32 +471,26 @@ pub fn layout_with(
         })
         .collect();
     live.sort_unstable();
-    let starts: Vec<(u64, u64)> = segs
-        .values()
-        .map(|s| (s.address, s.address.saturating_add(s.size)))
-        .collect();
-    // (segment start, allocation) in the order of both.
-    let mut placed: Vec<(u64, (u64, u64, u64, bool))> = Vec::with_capacity(live.len());
-    let mut k = 0;
-    for a in live {
-        while k + 1 < starts.len() && starts[k + 1].0 <= a.0 {
-            k += 1;
+    // A segment's allocations are a run of `live`: from its start up to its end or the next
+    // segment's start, whichever comes first (an allocation belongs to the last segment that
+    // starts at or below it, if it lies inside it).
+    let mut next_live = 0;
+    let mut segments = segs.values().peekable();
+    while let Some(s) = segments.next() {
+        let end = s.address.saturating_add(s.size);
+        let bound = match segments.peek() {
+            Some(next) => end.min(next.address),
+            None => end,
+        };
+        while next_live < live.len() && live[next_live].0 < s.address {
+            next_live += 1;
         }
-        if let Some(&(start, end)) = starts.get(k) {
-            if start <= a.0 && a.0 < end {
-                placed.push((start, a));
-            }
+        let first = next_live;
+        while next_live < live.len() && live[next_live].0 < bound {
+            next_live += 1;
         }
-    }
-    let mut next_placed = 0;
-    segs.values()
-        .map(|s| {
-            let first = next_placed;
-            while next_placed < placed.len() && placed[next_placed].0 == s.address {
-                next_placed += 1;
-            }
-            let allocs = &placed[first..next_placed];
-            let end = s.address.saturating_add(s.size);
+        let allocs = &live[first..next_live];
+        f({
             let mut layout = SegmentLayout {
                 address: s.address,
                 total_bytes: s.size,
@@ -520,7 +528,7 @@ pub fn layout_with(
                     );
                 }
             };
-            for &(_, (addr, block, requested, pending)) in allocs {
+            for &(addr, block, requested, pending) in allocs {
                 let start = addr.max(cursor);
                 let stop = addr.saturating_add(block).min(end);
                 if stop <= start {
@@ -548,8 +556,8 @@ pub fn layout_with(
             }
             add_hole(&mut layout, cursor, end);
             layout
-        })
-        .collect()
+        });
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Claim, Confidence};
-use super::layout::{layout_with, Detail, Moment, SegmentLayout};
+use super::layout::{for_each_layout, Detail, Moment, SegmentLayout};
 use super::phase::{find_phases, Phase, Phases, Source};
 use super::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use super::stats::final_state;
@@ -274,42 +274,90 @@ fn by_call_site<'a>(
     out
 }
 
-/// Keeps the `limit` segments with the most free bytes (in their order); the sums of the rest.
-fn cap_segments(segments: &mut Vec<SegmentReport>, limit: usize) -> Option<OmittedSegments> {
-    if segments.len() <= limit {
-        return None;
-    }
-    let mut order: Vec<usize> = (0..segments.len()).collect();
-    order.sort_by_key(|&i| {
-        let s = &segments[i];
-        (
-            std::cmp::Reverse(s.free_bytes),
-            std::cmp::Reverse(s.total_bytes),
-            i,
-        )
-    });
-    let mut keep = vec![false; segments.len()];
-    for &i in &order[..limit] {
-        keep[i] = true;
-    }
-    let mut rest = OmittedSegments::default();
-    let mut i = 0;
-    segments.retain(|s| {
-        let kept = keep[i];
-        i += 1;
-        if !kept {
-            rest.count += 1;
-            rest.total_bytes += s.total_bytes;
-            rest.allocated_bytes += s.allocated_bytes;
-            rest.free_bytes += s.free_bytes;
-        }
-        kept
-    });
-    Some(rest)
+/// The segments a report lists, gathered one layout at a time: the `limit` with the most free
+/// bytes (ties: the bigger, then the earlier), in address order, and the sums of the rest. Only
+/// the kept ones become reports: a big dump has tens of thousands of segments.
+struct SegmentList {
+    limit: usize,
+    seen: usize,
+    /// The kept segments, the least free on top.
+    kept: std::collections::BinaryHeap<std::cmp::Reverse<Ranked>>,
+    omitted: OmittedSegments,
 }
 
-fn segment_reports(layout: &[SegmentLayout]) -> Vec<SegmentReport> {
-    layout.iter().map(segment_report).collect()
+/// A kept segment and its rank (greater is kept first).
+struct Ranked {
+    rank: (u64, u64, std::cmp::Reverse<usize>),
+    report: SegmentReport,
+}
+
+impl PartialEq for Ranked {
+    fn eq(&self, other: &Self) -> bool {
+        self.rank == other.rank
+    }
+}
+impl Eq for Ranked {}
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ranked {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank.cmp(&other.rank)
+    }
+}
+
+impl SegmentList {
+    /// `None`: every segment, nothing omitted.
+    fn new(limit: Option<usize>) -> SegmentList {
+        SegmentList {
+            limit: limit.unwrap_or(usize::MAX),
+            seen: 0,
+            kept: Default::default(),
+            omitted: OmittedSegments::default(),
+        }
+    }
+
+    fn add(&mut self, s: &SegmentLayout) {
+        let rank = (s.free_bytes, s.total_bytes, std::cmp::Reverse(self.seen));
+        self.seen += 1;
+        if self.kept.len() < self.limit {
+            self.kept.push(std::cmp::Reverse(Ranked {
+                rank,
+                report: segment_report(s),
+            }));
+            return;
+        }
+        match self.kept.peek() {
+            Some(least) if rank > least.0.rank => {
+                if let Some(out) = self.kept.pop() {
+                    self.omit(&out.0.report);
+                }
+                self.kept.push(std::cmp::Reverse(Ranked {
+                    rank,
+                    report: segment_report(s),
+                }));
+            }
+            _ => self.omit(&segment_report(s)),
+        }
+    }
+
+    fn omit(&mut self, s: &SegmentReport) {
+        let rest = &mut self.omitted;
+        rest.count += 1;
+        rest.total_bytes = rest.total_bytes.saturating_add(s.total_bytes);
+        rest.allocated_bytes = rest.allocated_bytes.saturating_add(s.allocated_bytes);
+        rest.free_bytes = rest.free_bytes.saturating_add(s.free_bytes);
+    }
+
+    /// The kept reports in address order, and the sums of the rest when any were left out.
+    fn finish(self) -> (Vec<SegmentReport>, Option<OmittedSegments>) {
+        let mut kept: Vec<Ranked> = self.kept.into_iter().map(|r| r.0).collect();
+        kept.sort_unstable_by_key(|r| std::cmp::Reverse(r.rank.2));
+        let omitted = (self.seen > self.limit).then_some(self.omitted);
+        (kept.into_iter().map(|r| r.report).collect(), omitted)
+    }
 }
 
 fn segment_report(s: &SegmentLayout) -> SegmentReport {
@@ -336,33 +384,44 @@ fn kind_name(kind: PoolKind) -> &'static str {
     }
 }
 
-/// The figures of `layout`, laid out with `largest_request` as its small-hole limit.
-fn fragmentation(layout: &[SegmentLayout], largest_request: u64) -> Fragmentation {
+/// The figures of a layout laid out with `largest_request` as its small-hole limit, summed
+/// one segment at a time.
+#[derive(Default)]
+struct LayoutSums {
+    reserved: u64,
+    allocated: u64,
+    free: u64,
+    largest_hole: u64,
+    unusable: u64,
+    holes: u64,
+}
+
+impl LayoutSums {
     // Saturating sums: a corrupt file can hold sizes near 2^64 (flagged by `quality`).
-    let total =
-        |f: fn(&SegmentLayout) -> u64| layout.iter().fold(0u64, |sum, s| sum.saturating_add(f(s)));
-    let reserved = total(|s| s.total_bytes);
-    let allocated = total(|s| s.allocated_bytes);
-    let free = total(|s| s.free_bytes);
-    let largest_hole = layout
-        .iter()
-        .map(|s| s.largest_hole_bytes)
-        .max()
-        .unwrap_or(0);
-    let unusable = total(|s| s.small_hole_bytes);
-    Fragmentation {
-        reserved_bytes: reserved,
-        allocated_bytes: allocated,
-        reserved_unallocated_bytes: reserved.saturating_sub(allocated),
-        holes: layout.iter().map(|s| s.holes).sum(),
-        largest_hole_bytes: largest_hole,
-        largest_request_bytes: largest_request,
-        unusable_for_largest_request_bytes: unusable,
-        fragmentation_ratio: if free > 0 {
-            1.0 - largest_hole as f64 / free as f64
-        } else {
-            0.0
-        },
+    fn add(&mut self, s: &SegmentLayout) {
+        self.reserved = self.reserved.saturating_add(s.total_bytes);
+        self.allocated = self.allocated.saturating_add(s.allocated_bytes);
+        self.free = self.free.saturating_add(s.free_bytes);
+        self.largest_hole = self.largest_hole.max(s.largest_hole_bytes);
+        self.unusable = self.unusable.saturating_add(s.small_hole_bytes);
+        self.holes += s.holes;
+    }
+
+    fn fragmentation(&self, largest_request: u64) -> Fragmentation {
+        Fragmentation {
+            reserved_bytes: self.reserved,
+            allocated_bytes: self.allocated,
+            reserved_unallocated_bytes: self.reserved.saturating_sub(self.allocated),
+            holes: self.holes,
+            largest_hole_bytes: self.largest_hole,
+            largest_request_bytes: largest_request,
+            unusable_for_largest_request_bytes: self.unusable,
+            fragmentation_ratio: if self.free > 0 {
+                1.0 - self.largest_hole as f64 / self.free as f64
+            } else {
+                0.0
+            },
+        }
     }
 }
 
@@ -405,29 +464,25 @@ fn oom_report(
     list_limit: Option<usize>,
 ) -> Oom {
     let entry = &snapshot.trace(replay.device).at(event as usize);
-    let layout = layout_with(snapshot, replay, Moment::After(event), SUMS);
     let request = entry.size;
     let wanted_kind = if request <= SMALL_REQUEST_LIMIT {
         PoolKind::Small
     } else {
         PoolKind::Large
     };
-    let reserved = layout
-        .iter()
-        .fold(0u64, |sum, s| sum.saturating_add(s.total_bytes));
-    let allocated = layout
-        .iter()
-        .fold(0u64, |sum, s| sum.saturating_add(s.allocated_bytes));
-    let largest = layout
-        .iter()
-        .filter(|s| {
-            s.stream == entry.stream
-                && !matches!(s.pool_id, Some(p) if p != (0, 0))
-                && (s.pool_kind == wanted_kind || s.pool_kind == PoolKind::Unknown)
-        })
-        .map(|s| s.largest_hole_bytes)
-        .max()
-        .unwrap_or(0);
+    let (mut reserved, mut allocated, mut largest) = (0u64, 0u64, 0u64);
+    let mut listed = SegmentList::new(list_limit);
+    for_each_layout(snapshot, replay, Moment::After(event), SUMS, &mut |s| {
+        reserved = reserved.saturating_add(s.total_bytes);
+        allocated = allocated.saturating_add(s.allocated_bytes);
+        if s.stream == entry.stream
+            && !matches!(s.pool_id, Some(p) if p != (0, 0))
+            && (s.pool_kind == wanted_kind || s.pool_kind == PoolKind::Unknown)
+        {
+            largest = largest.max(s.largest_hole_bytes);
+        }
+        listed.add(&s);
+    });
     let unallocated = reserved.saturating_sub(allocated);
     let verdict = if unallocated >= request && largest < request {
         "fragmentation"
@@ -435,8 +490,7 @@ fn oom_report(
         "full"
     };
     let live_total = replay.requested.at(Some(event));
-    let mut segments = segment_reports(&layout);
-    let segments_omitted = list_limit.and_then(|limit| cap_segments(&mut segments, limit));
+    let (segments, segments_omitted) = listed.finish();
     let oom_phase = phase_claim(phases, Some(event));
     Oom {
         event_index: event,
@@ -521,21 +575,22 @@ fn device_report_with(
         || {
             rayon::join(
                 || {
-                    let layout = layout_with(
-                        snapshot,
-                        replay,
-                        match peak_event {
-                            Some(e) => Moment::After(e),
-                            None => Moment::WindowStart,
-                        },
-                        detail,
-                    );
-                    let f = fragmentation(&layout, detail.small_hole_limit);
-                    (segment_reports(&layout), f)
+                    let mut sums = LayoutSums::default();
+                    let mut listed = SegmentList::new(options.list_limit);
+                    let moment = match peak_event {
+                        Some(e) => Moment::After(e),
+                        None => Moment::WindowStart,
+                    };
+                    for_each_layout(snapshot, replay, moment, detail, &mut |s| {
+                        sums.add(&s);
+                        listed.add(&s);
+                    });
+                    (listed.finish(), sums.fragmentation(detail.small_hole_limit))
                 },
                 || {
-                    let layout = layout_with(snapshot, replay, Moment::End, detail);
-                    fragmentation(&layout, detail.small_hole_limit)
+                    let mut sums = LayoutSums::default();
+                    for_each_layout(snapshot, replay, Moment::End, detail, &mut |s| sums.add(&s));
+                    sums.fragmentation(detail.small_hole_limit)
                 },
             )
         },
@@ -713,10 +768,7 @@ fn device_report_with(
         reallocated_state_bytes,
     };
 
-    let mut segments = segments;
-    let segments_omitted = options
-        .list_limit
-        .and_then(|limit| cap_segments(&mut segments, limit));
+    let (segments, segments_omitted) = segments;
 
     let oom: Vec<Oom> = summary
         .ooms
