@@ -4,7 +4,7 @@
 //! Lifetime = from `alloc` to `free_completed` (MemoryViz's definition): a block is unusable and
 //! still counts between `free_requested` and `free_completed`.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use rustc_hash::FxHashMap;
 
@@ -217,11 +217,16 @@ const STEP: usize = 256;
 pub struct Curve {
     pub start: i64,
     len: usize,
-    /// Per event; `WIDE` = the change is in `wide`.
-    deltas: Vec<i32>,
+    /// Per event; `WIDE` = the change is in `wide`. Shared with the curve a `rounded` one is
+    /// derived from.
+    deltas: Arc<Vec<i32>>,
     wide: Vec<(u32, i64)>,
-    /// (event, change) for the events that change a sparse curve (`deltas` is then empty).
+    /// (event, change) for the events that change a sparse curve (`deltas` is then empty), or
+    /// of a `rounded` curve the events whose change is not the rounded one.
     sparse: Vec<(u32, i64)>,
+    /// The change of an event is [`rounded`] of `deltas`' (the allocated curve follows the
+    /// requested one but for rounding: one table for both), but where `sparse` says otherwise.
+    rounded: bool,
     /// Level after `k * STEP` events.
     checkpoints: Vec<i64>,
     /// Per block of `STEP` events: its highest level and the first event after which it is
@@ -275,24 +280,6 @@ impl Deltas {
         }
     }
 
-    fn add(&mut self, i: usize, v: i64) {
-        let old = self.dense[i];
-        let new = self.get(i).saturating_add(v);
-        self.nonzero = self.nonzero + (new != 0) as usize - (old != 0) as usize;
-        match i32::try_from(new) {
-            Ok(d) if d != WIDE => {
-                self.dense[i] = d;
-                if old == WIDE {
-                    self.wide.remove(&(i as u32));
-                }
-            }
-            _ => {
-                self.dense[i] = WIDE;
-                self.wide.insert(i as u32, new);
-            }
-        }
-    }
-
     fn into_curve(self, start: i64) -> Curve {
         let len = self.dense.len();
         if self.nonzero * 4 < len {
@@ -308,7 +295,7 @@ impl Deltas {
         let mut c = Curve {
             start,
             len,
-            deltas: self.dense,
+            deltas: Arc::new(self.dense),
             wide,
             ..Curve::default()
         };
@@ -335,6 +322,41 @@ impl Curve {
         deltas.into_curve(start)
     }
 
+    /// A curve whose changes are those of `of`, [`rounded`], but at the events of
+    /// `exceptions` (ascending), whose changes they give.
+    fn rounded(start: i64, of: &Curve, exceptions: Vec<(u32, i64)>) -> Curve {
+        if of.deltas.len() != of.len {
+            // `of` is sparse: so is this one, its changes merged with the exceptions.
+            let mut changes = Vec::with_capacity(of.sparse.len() + exceptions.len());
+            let mut own = of.sparse.iter().map(|&(e, d)| (e, rounded(d))).peekable();
+            let mut exceptions = exceptions.into_iter().peekable();
+            loop {
+                let next = match (own.peek(), exceptions.peek()) {
+                    (Some(a), Some(b)) if a.0 < b.0 => own.next(),
+                    (Some(a), Some(b)) if a.0 == b.0 => {
+                        own.next();
+                        exceptions.next()
+                    }
+                    (_, Some(_)) => exceptions.next(),
+                    (Some(_), None) => own.next(),
+                    (None, None) => break,
+                };
+                changes.extend(next.filter(|c| c.1 != 0));
+            }
+            return Curve::from_changes(start, of.len, changes);
+        }
+        let mut c = Curve {
+            start,
+            len: of.len,
+            deltas: of.deltas.clone(),
+            sparse: exceptions,
+            rounded: true,
+            ..Curve::default()
+        };
+        c.index();
+        c
+    }
+
     fn sparse(start: i64, len: usize, sparse: Vec<(u32, i64)>) -> Curve {
         let mut c = Curve {
             start,
@@ -358,7 +380,7 @@ impl Curve {
             below: (self.start < 0).then_some((None, self.start)),
             below_count: (self.start < 0) as u64,
         };
-        let dense = self.deltas.len() == self.len;
+        let dense = self.deltas.len() == self.len && !self.rounded;
         let mut changes = self.changes(0);
         for block in 0..blocks {
             let (first, end) = (block * STEP, ((block + 1) * STEP).min(self.len));
@@ -481,6 +503,16 @@ impl Curve {
     /// Change at event `i`; `k` is a cursor into `sparse` (moved to the first entry ≥ i).
     #[inline]
     fn change_at(&self, i: usize, k: &mut usize) -> i64 {
+        if self.rounded {
+            while *k < self.sparse.len() && (self.sparse[*k].0 as usize) < i {
+                *k += 1;
+            }
+            return match (self.sparse.get(*k), self.deltas.get(i)) {
+                (Some(&(e, v)), _) if e as usize == i => v,
+                (_, Some(&d)) => rounded(d as i64),
+                _ => 0,
+            };
+        }
         if self.sparse.is_empty() || !self.deltas.is_empty() {
             return match self.deltas.get(i) {
                 Some(&WIDE) => self.wide_change(i),
@@ -504,6 +536,12 @@ impl Curve {
             i: from,
             k,
         }
+    }
+
+    /// The change of event `i`.
+    fn change(&self, i: usize) -> i64 {
+        let mut k = self.sparse.partition_point(|w| (w.0 as usize) < i);
+        self.change_at(i, &mut k)
     }
 
     /// Level after the first `n` events (`n = 0`: the start).
@@ -703,6 +741,15 @@ pub struct DoubleFrees {
     pub first: Option<(u32, u64)>,
 }
 
+/// The allocated change of a requested change `d`: each request rounded ([`round_size`]).
+fn rounded(d: i64) -> i64 {
+    match d {
+        0 => 0,
+        d if d > 0 => signed(round_size(d as u64)),
+        d => signed(round_size(d.unsigned_abs())).saturating_neg(),
+    }
+}
+
 /// PyTorch's default request rounding (`round_size` without power-of-two divisions).
 pub fn round_size(requested: u64) -> u64 {
     if requested < 512 {
@@ -730,7 +777,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let mut window = WindowStart::default();
     // Changes per event; levels are computed once the start levels are known.
     let mut requested = Deltas::new(n);
-    let mut allocated = Deltas::new(n);
+    // The allocated curve is the requested one rounded, but at these events: (event, change),
+    // in order, and the dump's exact block sizes by event.
+    let mut allocated_exceptions: Vec<(u32, i64)> = Vec::new();
+    let mut exact_corrections: FxHashMap<u32, i64> = FxHashMap::default();
     // Reserved memory changes only at segment events: (event, change).
     let mut reserved: Vec<(u32, i64)> = Vec::new();
     let mut requested_start: i64 = 0;
@@ -817,7 +867,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             _ => {}
         }
         requested.push(dr);
-        allocated.push(da);
+        // Where the requested change does not fit the shared table, neither is it rounded.
+        if da != rounded(dr) || !matches!(i32::try_from(dr), Ok(d) if d != WIDE) {
+            allocated_exceptions.push((i as u32, da));
+        }
         if dres != 0 {
             reserved.push((i as u32, dres));
         }
@@ -835,7 +888,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     if exact != 0 {
                         // Correct the estimate where it entered the curve.
                         match opt(allocs.events[idx as usize][0]) {
-                            Some(ev) => allocated.add(ev as usize, exact),
+                            Some(ev) => {
+                                let c = exact_corrections.entry(ev).or_default();
+                                *c = c.saturating_add(exact);
+                            }
                             None => allocated_start = allocated_start.saturating_add(exact),
                         }
                     }
@@ -876,11 +932,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         .fold(0i64, |sum, &(_, d)| sum.saturating_add(d));
     let reserved_start = final_reserved.saturating_sub(reserved_sum);
 
-    // Each curve is indexed in one pass over its changes: the two big ones side by side.
-    let (requested, allocated) = rayon::join(
-        || requested.into_curve(requested_start),
-        || allocated.into_curve(allocated_start),
-    );
+    let requested = requested.into_curve(requested_start);
+    let allocated_exceptions =
+        with_corrections(&requested, allocated_exceptions, exact_corrections);
+    let allocated = Curve::rounded(allocated_start, &requested, allocated_exceptions);
     DeviceReplay {
         device,
         events: n,
@@ -892,6 +947,34 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         window,
         double_frees,
     }
+}
+
+/// `exceptions` (in event order) with `corrections` added to the changes of their events (an
+/// event without an exception had the rounded change of `requested`).
+fn with_corrections(
+    requested: &Curve,
+    exceptions: Vec<(u32, i64)>,
+    corrections: FxHashMap<u32, i64>,
+) -> Vec<(u32, i64)> {
+    if corrections.is_empty() {
+        return exceptions;
+    }
+    let mut corrections: Vec<(u32, i64)> = corrections.into_iter().collect();
+    corrections.sort_unstable();
+    let mut out = Vec::with_capacity(exceptions.len() + corrections.len());
+    let mut exceptions = exceptions.into_iter().peekable();
+    for (e, c) in corrections {
+        while let Some(x) = exceptions.next_if(|x| x.0 < e) {
+            out.push(x);
+        }
+        let base = match exceptions.next_if(|x| x.0 == e) {
+            Some((_, v)) => v,
+            None => rounded(requested.change(e as usize)),
+        };
+        out.push((e, base.saturating_add(c)));
+    }
+    out.extend(exceptions);
+    out
 }
 
 /// Bytes as a signed level. Sizes beyond `i64::MAX` (corrupt: no device holds 8 EiB) are clamped
