@@ -565,6 +565,9 @@ pub struct Arena<'a> {
     downed: Vec<Vec<(LVal, LVal)>>,
 }
 
+/// The most a machine's container keeps for the next chunk (see [`Spare::keep`]).
+const SPARE_BYTES: usize = 2 << 20;
+
 /// Working storage of a chunk's machine that dies with the chunk, kept by a worker for its
 /// next chunk: growing fresh vectors for every chunk costs page faults and copies.
 #[derive(Default)]
@@ -580,7 +583,13 @@ pub struct Spare {
 
 impl Spare {
     fn keep(&mut self, a: Arena<'_>, memo: Vec<LVal>, stack: Vec<LVal>) {
+        // What a chunk of trace entries fills is kept; what a chunk of segments with thousands
+        // of block dicts filled (8 MiB of pairs) is not, or it would stay through the whole
+        // read, beside the rows.
         fn cleared<T>(mut v: Vec<T>) -> Vec<T> {
+            if v.capacity() * std::mem::size_of::<T>() > SPARE_BYTES {
+                return Vec::new();
+            }
             v.clear();
             v
         }
