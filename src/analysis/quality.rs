@@ -626,11 +626,14 @@ enum Granule {
 const GRANULE_SHIFT: u32 = 21;
 /// A gap this wide between ranges starts a new table.
 const TABLE_GAP: u64 = 1 << 30;
-/// Most granules in all (1 MiB of table); beyond, every address is searched.
+/// Most granules in all: 1 MiB of table, or 32 per range where there are more ranges (a long
+/// run's hundreds of thousands of segments); beyond, every address is searched.
 const MAX_GRANULES: u64 = 1 << 20;
+const MAX_GRANULES_PER_RANGE: u64 = 32;
 
 impl AddressRanges {
     fn new(mut ranges: Vec<(u64, u64)>) -> AddressRanges {
+        let max_granules = MAX_GRANULES.max(MAX_GRANULES_PER_RANGE * ranges.len() as u64);
         ranges.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
         for (start, end) in ranges {
@@ -652,7 +655,7 @@ impl AddressRanges {
             total = total.saturating_add((t.1 - t.0).div_ceil(1 << GRANULE_SHIFT));
         }
         let mut granules = Vec::new();
-        if total <= MAX_GRANULES {
+        if total <= max_granules {
             granules = vec![Granule::Outside; total as usize];
             let mut k = 0;
             for &(start, end) in merged.iter().filter(|r| r.0 < r.1) {
@@ -840,6 +843,31 @@ fn snapshot_markers(replay: &DeviceReplay, markers: &[(u32, u64)]) -> Option<Qua
 #[cfg(test)]
 mod tests {
     use super::AddressRanges;
+
+    /// Far-apart clusters of many ranges keep granule tables beyond the flat limit (at most 32
+    /// granules per range), and they answer right.
+    #[test]
+    fn many_far_clusters_keep_their_granule_tables() {
+        // A long run repeated in shifted address ranges: 600 clusters a TiB apart, each of 100
+        // segments of 2 MiB over 4 GiB.
+        const MIB: u64 = 1 << 20;
+        let ranges: Vec<(u64, u64)> = (0..600u64)
+            .flat_map(|c| {
+                (0..100u64).map(move |k| {
+                    let start = 0x7f00_0000_0000 + (c << 40) + k * 40 * MIB;
+                    (start, start + 2 * MIB)
+                })
+            })
+            .collect();
+        let set = AddressRanges::new(ranges.clone());
+        assert!(set.granules.len() as u64 > super::MAX_GRANULES);
+        assert_eq!(set.tables.len(), 600);
+        for &(s, e) in ranges.iter().step_by(37) {
+            for (addr, want) in [(s - 1, false), (s, true), (e - 1, true), (e, false)] {
+                assert_eq!(set.contains(addr), want, "{addr:#x}");
+            }
+        }
+    }
 
     /// The granule table answers as a plain scan of the ranges would, wherever ranges start and
     /// end inside granules, touch, overlap or lie far apart (a span too wide for a table).
