@@ -135,7 +135,7 @@ impl<'a> Categorizer<'a> {
                 // Where KV caches grow (outside backward, optimizer and loading).
                 Phase::Forward | Phase::Eval | Phase::Unknown => growth_nodes.push(GrowthNode {
                     born,
-                    freed: a.free_requested_event.or(a.free_event),
+                    freed: a.free_requested_event.or(a.free_event).unwrap_or(NO_EVENT),
                     bytes: a.requested_bytes,
                     stack: a.stack,
                     stream: a.stream,
@@ -530,11 +530,14 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// An allocation made where KV caches grow, for [`growth_chains`].
 struct GrowthNode {
     born: u32,
-    freed: Option<u32>,
-    bytes: u64,
+    /// `NO_EVENT`: never freed (a trace has hundreds of thousands of nodes: kept small).
+    freed: u32,
     stack: StackId,
+    bytes: u64,
     stream: u64,
 }
+
+const NO_EVENT: u32 = u32::MAX;
 
 /// The allocation events of KV caches grown by concatenation: at every decode step each
 /// layer's cache is replaced by a copy one token longer (`torch.cat`), allocated just before
@@ -546,12 +549,18 @@ fn growth_chains(mut nodes: Vec<GrowthNode>) -> FxHashSet<u32> {
     const REPLACED_WITHIN: u32 = 4;
     // By birth (the allocations come in the order of their first event, so this is a check):
     // a node born at an event is found by binary search, with no map as large as the trace.
-    nodes.sort_by_key(|n| n.born);
-    // The replacement of each node, and whether a node replaces another.
-    let mut next: Vec<Option<usize>> = vec![None; nodes.len()];
+    // Births are distinct events, so an unstable sort gives the same order (and no buffer).
+    if !nodes.is_sorted_by_key(|n| n.born) {
+        nodes.sort_unstable_by_key(|n| n.born);
+    }
+    // The replacement of each node (`NO_EVENT`: none), and whether a node replaces another.
+    let mut next: Vec<u32> = vec![NO_EVENT; nodes.len()];
     let mut replaces = vec![false; nodes.len()];
     for (i, x) in nodes.iter().enumerate() {
-        let Some(f) = x.freed else { continue };
+        if x.freed == NO_EVENT {
+            continue;
+        }
+        let f = x.freed;
         let lo = nodes.partition_point(|n| n.born < f.saturating_sub(REPLACED_WITHIN));
         // Births are distinct events: at most REPLACED_WITHIN nodes lie before `f`.
         let hi = (lo..nodes.len().min(lo + REPLACED_WITHIN as usize))
@@ -563,17 +572,18 @@ fn growth_chains(mut nodes: Vec<GrowthNode>) -> FxHashSet<u32> {
         });
         if let Some(j) = replacement {
             if !replaces[j] {
-                next[i] = Some(j);
+                next[i] = j as u32;
                 replaces[j] = true;
             }
         }
     }
     // Chains from their first member, with constant growth; grouped by their sizes.
     let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
-    for start in (0..nodes.len()).filter(|&i| !replaces[i] && next[i].is_some()) {
+    for start in (0..nodes.len()).filter(|&i| !replaces[i] && next[i] != NO_EVENT) {
         let mut members = vec![start];
         let mut at = start;
-        while let Some(j) = next[at] {
+        while next[at] != NO_EVENT {
+            let j = next[at] as usize;
             members.push(j);
             at = j;
         }
