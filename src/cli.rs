@@ -82,9 +82,10 @@ pub enum Command {
         /// timeline, segments and search of `snapscan view`); --format is then ignored.
         #[arg(long, conflicts_with = "svg")]
         html: bool,
-        /// JSON: every allocation alive at the peak and every segment (default: the 100
-        /// largest allocations and the 100 segments with the most free bytes, plus the sums of
-        /// the rest in `live_at_peak_omitted` / `segments_omitted`).
+        /// Every allocation alive at the peak and every segment in the report (default: the 100
+        /// largest allocations and the 100 segments with the most free bytes, or `--top` of
+        /// each when that is more; JSON sums the rest in `live_at_peak_omitted` /
+        /// `segments_omitted`).
         #[arg(long)]
         full: bool,
         /// One line per file: the device that ran out of memory, the failing call site and
@@ -408,9 +409,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
-                // The JSON report's lists are capped (`--full`: complete).
-                list_limit: (format == Format::Json && !full && !brief)
-                    .then_some(crate::report::JSON_LIST_LIMIT),
+                // The lists are capped (`--full`: complete): JSON at its limit, text and
+                // Markdown at what their tables show, which spares describing each of the
+                // tens of thousands of tensors alive at a real peak.
+                list_limit: (!full).then_some(match format {
+                    Format::Json => crate::report::JSON_LIST_LIMIT,
+                    Format::Text | Format::Markdown => top.max(crate::report::JSON_LIST_LIMIT),
+                }),
                 ..Default::default()
             };
             let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();

@@ -349,6 +349,7 @@ impl SegmentList {
         rest.total_bytes = rest.total_bytes.saturating_add(s.total_bytes);
         rest.allocated_bytes = rest.allocated_bytes.saturating_add(s.allocated_bytes);
         rest.free_bytes = rest.free_bytes.saturating_add(s.free_bytes);
+        rest.count_with_free_bytes += u64::from(s.free_bytes > 0);
     }
 
     /// The kept reports in address order, and the sums of the rest when any were left out.

@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use crate::report::{
-    CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, Oom, OomHeadline, Report,
-    SegmentReport,
+    CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, OmittedSegments, Oom,
+    OomHeadline, Report, SegmentReport,
 };
 use crate::units::{counted, format_bytes};
 
@@ -238,8 +238,16 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
     s
 }
 
-fn segment_table(moment: &str, segments: &[SegmentReport], view: &View) -> Option<Block> {
+/// `omitted`: what a capped list left out (counted in the title, never listed: the list keeps
+/// the segments with the most free bytes).
+fn segment_table(
+    moment: &str,
+    segments: &[SegmentReport],
+    omitted: Option<&OmittedSegments>,
+    view: &View,
+) -> Option<Block> {
     let mut segs: Vec<&SegmentReport> = segments.iter().filter(|s| s.free_bytes > 0).collect();
+    let with_holes = segs.len() as u64 + omitted.map_or(0, |o| o.count_with_free_bytes);
     if segs.is_empty() {
         return None;
     }
@@ -252,7 +260,7 @@ fn segment_table(moment: &str, segments: &[SegmentReport], view: &View) -> Optio
         title: format!(
             "Segments with the most free space at {moment} (top {} of {} with holes)",
             segs.len().min(view.top),
-            counted(segs.len() as u64, "segment", "segments")
+            counted(with_holes, "segment", "segments")
         ),
         header: vec![
             "segment",
@@ -502,7 +510,12 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "Alive at the peak, by call site ({} of {}, {})",
             dev.live_at_peak_by_call_site.len().min(view.top),
             counted(dev.live_at_peak_by_call_site.len() as u64, "site", "sites"),
-            counted(dev.live_at_peak.len() as u64, "allocation", "allocations")
+            counted(
+                dev.live_at_peak.len() as u64
+                    + dev.live_at_peak_omitted.as_ref().map_or(0, |o| o.count),
+                "allocation",
+                "allocations"
+            )
         ),
         &dev.live_at_peak_by_call_site,
         view,
@@ -586,9 +599,15 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         Some(o) => out.extend(segment_table(
             &format!("the OOM (event {})", o.event_index),
             &o.segments,
+            o.segments_omitted.as_ref(),
             view,
         )),
-        None => out.extend(segment_table("the peak", &dev.segments, view)),
+        None => out.extend(segment_table(
+            "the peak",
+            &dev.segments,
+            dev.segments_omitted.as_ref(),
+            view,
+        )),
     }
 
     // 6. Live set at each OOM.

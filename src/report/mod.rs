@@ -173,8 +173,8 @@ pub struct DeviceReport {
     pub peak: Peak,
     pub peak_allocated: LevelPeak,
     pub peak_reserved: LevelPeak,
-    /// Every allocation alive at the peak, largest first (JSON reports: the largest
-    /// [`JSON_LIST_LIMIT`] unless `--full`).
+    /// Every allocation alive at the peak, largest first (capped at [`JSON_LIST_LIMIT`], or at
+    /// `--top` when that is more, unless `--full`).
     pub live_at_peak: Vec<LiveAllocation>,
     /// What a capped `live_at_peak` left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -696,4 +696,7 @@ pub struct OmittedSegments {
     pub total_bytes: u64,
     pub allocated_bytes: u64,
     pub free_bytes: u64,
+    /// How many of them have free bytes (holes).
+    #[serde(default)]
+    pub count_with_free_bytes: u64,
 }

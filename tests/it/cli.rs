@@ -277,6 +277,39 @@ fn output_file_option_writes_the_report_there() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Text and Markdown describe only what their tables show (the lists are capped at
+/// max(--top, 100)), and say the same as with `--full`, counts in titles included.
+#[test]
+fn capped_text_and_markdown_reports_equal_full_ones() {
+    let report = |args: &[&str], path: &std::path::Path| -> Vec<u8> {
+        let out = common::snapscan()
+            .arg("report")
+            .args(args)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", path.display());
+        out.stdout
+    };
+    for path in common::snapshot_fixtures() {
+        if !common::rel(&path).starts_with("fixtures/") {
+            continue;
+        }
+        for args in [
+            &["--format", "text"][..],
+            &["--format", "markdown"],
+            &["--format", "text", "--top", "150"],
+        ] {
+            let full: Vec<&str> = args.iter().copied().chain(["--full"]).collect();
+            assert!(
+                report(args, &path) == report(&full, &path),
+                "{} {args:?}: differs from --full",
+                path.display()
+            );
+        }
+    }
+}
+
 /// Default JSON reports stay small (≤ 1 MB for every real fixture): long lists keep 100 entries
 /// and sum the rest beside them; `--full` keeps everything, and the two agree.
 #[test]
@@ -337,6 +370,17 @@ fn default_json_reports_are_capped_and_full_keeps_everything() {
                 assert_eq!(
                     sum(&cut["segments"], "free_bytes") + o["free_bytes"].as_u64().unwrap(),
                     sum(&dev["segments"], "free_bytes")
+                );
+                let with_holes = |l: &serde_json::Value| {
+                    l.as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|s| s["free_bytes"].as_u64().unwrap() > 0)
+                        .count() as u64
+                };
+                assert_eq!(
+                    with_holes(&cut["segments"]) + o["count_with_free_bytes"].as_u64().unwrap(),
+                    with_holes(&dev["segments"])
                 );
                 // The kept ones have the most free bytes.
                 let least_kept = kept.iter().map(|s| s["free_bytes"].as_u64().unwrap()).min();
