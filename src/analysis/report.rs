@@ -563,8 +563,7 @@ fn device_report_with(
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
-    // The categorizer, the live set at the peak and the two layouts each read every
-    // allocation: side by side.
+    // The categorizer and the two layouts each read every allocation: side by side.
     // Sums only, with the holes too small for the largest request counted.
     let detail = Detail {
         blocks: false,
@@ -572,48 +571,31 @@ fn device_report_with(
     };
     // Each layout is folded into what the report keeps of it at once (a big dump has
     // hundreds of thousands of segments).
-    let ((categorizer, live_owned), ((segments, fragmentation_at_peak), fragmentation_at_end)) =
-        rayon::join(
-            || {
-                rayon::join(
-                    || Categorizer::new(snapshot, &phases, replay),
-                    || {
-                        // Largest first.
-                        let mut live: Vec<Allocation> = replay.live(peak_event).collect();
-                        live.sort_by(|a, b| {
-                            b.requested_bytes
-                                .cmp(&a.requested_bytes)
-                                .then(a.address.cmp(&b.address))
-                        });
-                        live
-                    },
-                )
-            },
-            || {
-                rayon::join(
-                    || {
-                        let mut sums = LayoutSums::default();
-                        let mut listed = SegmentList::new(options.list_limit);
-                        let moment = match peak_event {
-                            Some(e) => Moment::After(e),
-                            None => Moment::WindowStart,
-                        };
-                        for_each_layout(snapshot, replay, moment, detail, &mut |s| {
-                            sums.add(&s);
-                            listed.add(&s);
-                        });
-                        (listed.finish(), sums.fragmentation(detail.small_hole_limit))
-                    },
-                    || {
-                        let mut sums = LayoutSums::default();
-                        for_each_layout(snapshot, replay, Moment::End, detail, &mut |s| {
-                            sums.add(&s)
-                        });
-                        sums.fragmentation(detail.small_hole_limit)
-                    },
-                )
-            },
-        );
+    let (categorizer, ((segments, fragmentation_at_peak), fragmentation_at_end)) = rayon::join(
+        || Categorizer::new(snapshot, &phases, replay),
+        || {
+            rayon::join(
+                || {
+                    let mut sums = LayoutSums::default();
+                    let mut listed = SegmentList::new(options.list_limit);
+                    let moment = match peak_event {
+                        Some(e) => Moment::After(e),
+                        None => Moment::WindowStart,
+                    };
+                    for_each_layout(snapshot, replay, moment, detail, &mut |s| {
+                        sums.add(&s);
+                        listed.add(&s);
+                    });
+                    (listed.finish(), sums.fragmentation(detail.small_hole_limit))
+                },
+                || {
+                    let mut sums = LayoutSums::default();
+                    for_each_layout(snapshot, replay, Moment::End, detail, &mut |s| sums.add(&s));
+                    sums.fragmentation(detail.small_hole_limit)
+                },
+            )
+        },
+    );
     let describe = Describe {
         sites: CallSites::new(&snapshot.interner),
         trace,
@@ -625,7 +607,13 @@ fn device_report_with(
             .and_then(|t| t.time_us)
     };
 
-    let live: Vec<&Allocation> = live_owned.iter().collect();
+    let live_owned: Vec<Allocation> = replay.live(peak_event).collect();
+    let mut live: Vec<&Allocation> = live_owned.iter().collect();
+    live.sort_by(|a, b| {
+        b.requested_bytes
+            .cmp(&a.requested_bytes)
+            .then(a.address.cmp(&b.address))
+    });
     // Claimed once for every live allocation (tens of thousands at a real peak), on every core.
     let categorizer = &describe.categorizer;
     let claims: Vec<Claim> = live.par_iter().map(|a| categorizer.claim(a)).collect();
