@@ -694,7 +694,14 @@ pub(crate) fn decode_parts(
             Value::List(id) | Value::Tuple(id) => preset_segments(id),
             _ => None,
         };
-        for (i, item) in items.iter().enumerate() {
+        // Every segment read already (the parallel reader's usual case): the list becomes the
+        // segments where it lies, without a second copy of them all.
+        // (`map_while` collects in place; all items are `Some`.)
+        if let Some(p) = preset.take_if(|p| p.len() == items.len() && p.iter().all(Option::is_some))
+        {
+            segments = p.into_iter().map_while(|s| s).collect();
+        }
+        for (i, item) in items.iter().enumerate().skip(segments.len()) {
             if let Some(seg) = preset.as_mut().and_then(|p| p.get_mut(i)?.take()) {
                 segments.push(seg);
                 continue;

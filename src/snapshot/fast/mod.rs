@@ -219,7 +219,7 @@ fn read_in_order<'a>(
     let claims = Mutex::new((0usize, if helper { forced.min(n) } else { n }));
     // Where the first thread has got to (a byte position).
     let lead_pos = AtomicUsize::new(0);
-    let run = |k: usize, base: u32, spare: &mut vm::Spare| -> R<(ChunkOut<'a>, u32)> {
+    let run = |k: usize, base: u32, spare: &mut vm::Spare<'a>| -> R<(ChunkOut<'a>, u32)> {
         ctx.set_counts(k, base, vm::UNKNOWN)?;
         let out = vm::run_chunk(&ctx, k, spare)?;
         ctx.set_counts(k, base, out.memos)?;
@@ -729,10 +729,25 @@ fn finish<'a>(
         &mut |seq| {
             let rows = seg_lists.get(&seq)?;
             used_segs.push(seq);
-            let taken = rows.iter().map(|r| {
-                r.and_then(|(src, row)| segs.get_mut(src as usize)?.get_mut(row as usize)?.take())
-            });
-            Some(taken.collect())
+            // Each source's segments are let go once its last one is taken (they come in
+            // order): the list and the sources are not held whole side by side.
+            let mut left: Vec<usize> = segs.iter().map(Vec::len).collect();
+            let mut taken = Vec::with_capacity(rows.len());
+            for r in rows {
+                let seg = r.and_then(|(src, row)| {
+                    let (src, row) = (src as usize, row as usize);
+                    let seg = segs.get_mut(src)?.get_mut(row)?.take();
+                    if seg.is_some() {
+                        left[src] -= 1;
+                        if left[src] == 0 {
+                            segs[src] = Vec::new();
+                        }
+                    }
+                    seg
+                });
+                taken.push(seg);
+            }
+            Some(taken)
         },
     )
     .map_err(|_| Unsupported)?;

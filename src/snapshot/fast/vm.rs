@@ -91,6 +91,9 @@ pub struct ListS {
     stack: u32,
     sealed: bool,
     flushed: bool,
+    /// A segment's blocks list whose dicts were read into a row and dropped (see
+    /// `Vm::drop_segment_dicts`): fetching it again is left to the sequential reader.
+    dropped: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -546,6 +549,31 @@ impl ExtCache {
     }
 }
 
+/// Direct-mapped slots of strings stored in other chunks' memos, by memo index, kept by a
+/// worker from one chunk to the next. Real dumps fetch strings stored far back (every entry of
+/// a replayed trace fetches its own `compile_context` string from the first pass): read from
+/// the input each time, each chunk found them again at ~500 instructions apiece (a tenth of
+/// the reader's work on such files).
+#[derive(Default)]
+pub struct TextCache<'a> {
+    slots: Vec<Tagged<&'a str>>,
+}
+
+impl<'a> TextCache<'a> {
+    #[inline(always)]
+    fn get(&self, g: u32) -> Option<&'a str> {
+        let t = self.slots.get(slot_of_memo(g))?;
+        (t.g == g).then_some(t.v)
+    }
+
+    fn put(&mut self, g: u32, s: &'a str) {
+        if self.slots.is_empty() {
+            self.slots = vec![Tagged { g: NONE_U32, v: "" }; EXT_SLOTS];
+        }
+        self.slots[slot_of_memo(g)] = Tagged { g, v: s };
+    }
+}
+
 /// Containers and strings of one machine (or of what a chunk hands on).
 #[derive(Default)]
 pub struct Arena<'a> {
@@ -571,7 +599,10 @@ const SPARE_BYTES: usize = 2 << 20;
 /// Working storage of a chunk's machine that dies with the chunk, kept by a worker for its
 /// next chunk: growing fresh vectors for every chunk costs page faults and copies.
 #[derive(Default)]
-pub struct Spare {
+pub struct Spare<'a> {
+    /// Strings of other chunks' memo values by memo index (see [`TextCache`]): unlike the
+    /// arena, they stay valid from one chunk to the next.
+    texts: TextCache<'a>,
     lists: Vec<ListS>,
     dicts: Vec<DictS>,
     tuples: Vec<(u32, u32)>,
@@ -581,7 +612,7 @@ pub struct Spare {
     stack: Vec<LVal>,
 }
 
-impl Spare {
+impl<'a> Spare<'a> {
     fn keep(&mut self, a: Arena<'_>, memo: Vec<LVal>, stack: Vec<LVal>) {
         // What a chunk of trace entries fills is kept; what a chunk of segments with thousands
         // of block dicts filled (8 MiB of pairs) is not, or it would stay through the whole
@@ -674,6 +705,7 @@ impl<'a> Arena<'a> {
             stack: NONE_U32,
             sealed: false,
             flushed: false,
+            dropped: false,
         });
         LVal::List(self.lists.len() as u32 - 1)
     }
@@ -828,6 +860,9 @@ impl<'x, 'a> Copier<'x, 'a> {
                     return Ok(LVal::List(n));
                 }
                 let s = self.from.lists[l as usize];
+                if s.dropped {
+                    return Err(Unsupported);
+                }
                 let LVal::List(n) = to.new_list() else {
                     return Err(Unsupported);
                 };
@@ -853,7 +888,7 @@ impl<'x, 'a> Copier<'x, 'a> {
                     return Ok(LVal::Dict(n));
                 }
                 let s = self.from.dicts[d as usize];
-                if s.rec != NONE_U32 {
+                if s.rec != NONE_U32 || s.seg != NONE_U32 {
                     return Err(Unsupported);
                 }
                 let LVal::Dict(n) = to.new_dict() else {
@@ -918,6 +953,8 @@ pub struct Vm<'a, 'c> {
     /// Stitch mode: memo values by index.
     pub smemo: FxHashMap<u32, LVal>,
     ext: ExtCache,
+    /// The worker's strings of other chunks (taken from and handed back to its [`Spare`]).
+    texts: TextCache<'a>,
     pub a: Arena<'a>,
     pub part: Part,
     pub slots: Vec<Slot>,
@@ -991,6 +1028,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             memo: Vec::new(),
             smemo: FxHashMap::default(),
             ext: ExtCache::default(),
+            texts: TextCache::default(),
             a: Arena::default(),
             part: Part::default(),
             // Slot 0 is the empty stack.
@@ -1014,13 +1052,14 @@ impl<'a, 'c> Vm<'a, 'c> {
         }
     }
 
-    pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare) -> R<Self> {
+    pub fn chunk(ctx: &'c Ctx<'a>, index: usize, spare: &mut Spare<'a>) -> R<Self> {
         let c = &ctx.spans[index];
         let base = ctx.memo_base(index).ok_or(Unsupported)?;
         let mut vm = Vm::new(ctx, index as u32, Mode::Chunk, base);
         // A trace entry takes 60 bytes or more: room for all of them, so the rows are not
         // copied as they grow (untouched room costs no memory).
         vm.part = Part::with_capacity((c.end - c.start) / 60);
+        vm.texts = std::mem::take(&mut spare.texts);
         vm.a.lists = std::mem::take(&mut spare.lists);
         vm.a.dicts = std::mem::take(&mut spare.dicts);
         vm.a.tuples = std::mem::take(&mut spare.tuples);
@@ -1055,6 +1094,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         // is a memo bomb): the sequential reader decides.
         match v {
             LVal::Rec { .. } | LVal::Seg { .. } => Err(Unsupported),
+            LVal::List(l) if self.a.lists[l as usize].dropped => Err(Unsupported),
             LVal::Dict(d)
                 if self.a.dicts[d as usize].rec != NONE_U32
                     || self.a.dicts[d as usize].seg != NONE_U32 =>
@@ -1105,9 +1145,19 @@ impl<'a, 'c> Vm<'a, 'c> {
     #[cold]
     #[inline(never)]
     fn deref_slow(&mut self, g: u32) -> R<LVal> {
+        if let Some(s) = self.texts.get(g) {
+            let r = LVal::Str(self.a.intern(s));
+            self.ext.put(g, r);
+            return Ok(r);
+        }
         self.lookups += 1;
         let r = match self.ctx.resolve(g) {
-            Resolved::Str(s) => LVal::Str(self.a.intern(s)),
+            Resolved::Str(s) => {
+                if self.mode == Mode::Chunk {
+                    self.texts.put(g, s);
+                }
+                LVal::Str(self.a.intern(s))
+            }
             Resolved::Int(i) => LVal::Int(i),
             Resolved::Big(b) => self.a.big(b),
             Resolved::Float(f) => LVal::Float(f),
@@ -2211,7 +2261,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     }
 
     /// Chunk mode: the compact result (what the stitch and the resolution need).
-    pub fn finish(mut self, spare: &mut Spare, stopped: bool) -> R<ChunkOut<'a>> {
+    pub fn finish(mut self, spare: &mut Spare<'a>, stopped: bool) -> R<ChunkOut<'a>> {
         self.flush();
         let memos = self.memo_next - self.memo_base;
         let mut from = std::mem::take(&mut self.a);
@@ -2246,6 +2296,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         out.strs = std::mem::take(&mut from.strs);
         out.bigs = std::mem::take(&mut from.bigs);
         spare.keep(from, self.memo, self.stack);
+        spare.texts = std::mem::take(&mut self.texts);
         let mut frames: Vec<(u32, FrameC)> = self.frames.into_iter().collect();
         frames.sort_unstable_by_key(|(g, _)| *g);
         let mut part = self.part;
@@ -2325,7 +2376,7 @@ impl StackView for Vm<'_, '_> {
 }
 
 /// Runs chunk `index` of the input.
-pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare) -> R<ChunkOut<'a>> {
+pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare<'a>) -> R<ChunkOut<'a>> {
     let c = &ctx.spans[index];
     let mut vm = Vm::chunk(ctx, index, spare)?;
     let stopped = vm.run(c.start, c.end)?;

@@ -162,6 +162,7 @@ impl Vm<'_, '_> {
             }
         }
         let row = u32::try_from(self.segs.len()).ok()?;
+        self.drop_segment_dicts(d, &block_values, blocks_value, row);
         self.segs.push(SegRow {
             seg: Segment {
                 device,
@@ -180,6 +181,50 @@ impl Vm<'_, '_> {
             pool_ext,
         });
         Some(row)
+    }
+
+    /// Gives back the pairs of segment dict `d` and of its block dicts once the segment is a
+    /// row: they are the last pairs of the pool (read whole, in order), and a chunk of segments
+    /// otherwise grows the pool to megabytes of dead pairs (fresh pages each chunk). Nothing
+    /// reads them again: the dicts are marked as the segment (a fetch of any of them, or of the
+    /// blocks list, is refused, as a fetch of a segment is). Chunk mode only.
+    fn drop_segment_dicts(&mut self, d: u32, blocks: &[LVal], list: LVal, row: u32) {
+        let LVal::List(l) = list else { return };
+        if self.mode != Mode::Chunk {
+            return;
+        }
+        let ids = || {
+            blocks
+                .iter()
+                .filter_map(|v| match v {
+                    LVal::Dict(bd) => Some(*bd),
+                    _ => None,
+                })
+                .chain(std::iter::once(d))
+        };
+        let mut low = usize::MAX;
+        let mut pairs = 0usize;
+        for id in ids() {
+            let s = self.a.dicts[id as usize];
+            if s.own != NONE_U32 {
+                return;
+            }
+            low = low.min(s.start as usize);
+            pairs += s.len as usize;
+        }
+        // Only when they are exactly the pool's tail (nothing else among them).
+        if low.checked_add(pairs) != Some(self.a.dpool.len()) {
+            return;
+        }
+        for id in ids() {
+            let s = &mut self.a.dicts[id as usize];
+            s.seg = row;
+            s.sealed = true;
+            s.start = low as u32;
+            s.len = 0;
+        }
+        self.a.lists[l as usize].dropped = true;
+        self.a.dpool.truncate(low);
     }
 
     /// The decoder's `block`, for blocks with a `frames` key (the layout since torch 2.1).
