@@ -1285,23 +1285,201 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.segs.len(),
             self.frames_log.len(),
         );
+        let rollback = |vm: &mut Self| {
+            // Lists whose items are about to go from the pool.
+            for key in vm.frames_log.drain(saved.7..) {
+                vm.frames_seen.remove(key);
+            }
+            vm.memo.truncate(saved.0);
+            vm.memo_next = saved.1;
+            vm.a.lists.truncate(saved.2);
+            vm.a.pool.truncate(saved.3);
+            vm.a.dicts.truncate(saved.4);
+            vm.a.dpool.truncate(saved.5);
+            vm.segs.truncate(saved.6);
+        };
+        if self.mode == Mode::Chunk && !self.inner {
+            match self.trace_entry(data, pos + 3) {
+                Some(end) => return Some(end),
+                None => rollback(self),
+            }
+        }
         match self.entry_body(data, pos + 3) {
             Ok(Some(end)) => Some(end),
             _ => {
-                // Lists whose items are about to go from the pool.
-                for key in self.frames_log.drain(saved.7..) {
-                    self.frames_seen.remove(key);
-                }
-                self.memo.truncate(saved.0);
-                self.memo_next = saved.1;
-                self.a.lists.truncate(saved.2);
-                self.a.pool.truncate(saved.3);
-                self.a.dicts.truncate(saved.4);
-                self.a.dpool.truncate(saved.5);
-                self.segs.truncate(saved.6);
+                rollback(self);
                 None
             }
         }
+    }
+
+    /// The common trace entry, straight to its row: `action` first, then keys fetched from
+    /// other chunks' memos with ints, strings, `None`, memo fetches or an empty or fetched
+    /// frames list as values. Decodes as [`Vm::record`] does, without the generic values of
+    /// [`Vm::entry_pairs`] (a third of the reader's instructions on real dumps). `None` for
+    /// anything else (the caller rolls back and reads the dict the general way).
+    fn trace_entry(&mut self, data: &'a [u8], mut p: usize) -> Option<usize> {
+        // Not an entry (a segment, block or frame dict): out before anything changes.
+        let (_, first, _) = self.known_key(data, p)?;
+        if first != F_ACTION {
+            return None;
+        }
+        let dict_slot = self.memo.len();
+        self.memo.push(LVal::Rec {
+            src: self.src,
+            row: NONE_U32,
+        });
+        self.memo_next += 1;
+        // Values by field: texts and frames as fetched, numbers read (`None`: absent or None).
+        let mut action = None;
+        let mut frames = None;
+        let mut texts: [Option<LVal>; 2] = [None; 2];
+        let mut nums: [Option<i64>; 6] = [None; 6];
+        loop {
+            let code = *data.get(p)?;
+            if code == op::SETITEMS {
+                p += 1;
+                break;
+            }
+            let field = match self.known_key(data, p) {
+                Some((_, field, np)) => {
+                    p = np;
+                    field
+                }
+                None => {
+                    let (key, np) = self.fetch(data, p).ok()?;
+                    p = np;
+                    self.field(key).ok()?
+                }
+            };
+            let code = *data.get(p)?;
+            match field {
+                F_ADDR | F_SIZE | F_STREAM | F_DEVICE_FREE | F_TIME => {
+                    let (v, len) = match code {
+                        op::BININT1 => (Some(i64::from(*data.get(p + 1)?)), 2),
+                        op::BININT2 => {
+                            let b = data.get(p + 1..p + 3)?;
+                            (Some(i64::from(u16::from_le_bytes([b[0], b[1]]))), 3)
+                        }
+                        op::BININT => {
+                            let b = data.get(p + 1..p + 5)?;
+                            (
+                                Some(i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+                                5,
+                            )
+                        }
+                        op::LONG1 => {
+                            let n = *data.get(p + 1)? as usize;
+                            if n > 8 {
+                                return None;
+                            }
+                            (Some(le_i64(data, p + 2, n)?), 2 + n)
+                        }
+                        op::NONE => (None, 1),
+                        _ => return None,
+                    };
+                    nums[(field - F_ADDR) as usize] = v;
+                    p += len;
+                }
+                F_ACTION | F_UM | F_CC => {
+                    let v = match code {
+                        op::BINGET | op::LONG_BINGET => {
+                            let (v, np) = self.fetch(data, p).ok()?;
+                            p = np;
+                            v
+                        }
+                        op::SHORT_BINUNICODE => {
+                            let n = *data.get(p + 1)? as usize;
+                            let raw = data.get(p + 2..p + 2 + n)?;
+                            let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
+                            p += 2 + n;
+                            if data.get(p) == Some(&op::MEMOIZE) {
+                                p += 1;
+                                self.memoize_here(v);
+                            }
+                            v
+                        }
+                        op::NONE if field != F_ACTION => {
+                            p += 1;
+                            LVal::None
+                        }
+                        _ => return None,
+                    };
+                    match field {
+                        F_ACTION => action = Some(v),
+                        F_UM => texts[0] = Some(v),
+                        _ => texts[1] = Some(v),
+                    }
+                }
+                F_FRAMES => {
+                    frames = Some(match code {
+                        op::BINGET | op::LONG_BINGET => {
+                            let (v, np) = self.fetch(data, p).ok()?;
+                            p = np;
+                            v
+                        }
+                        op::EMPTY_LIST => {
+                            let v = self.a.new_list();
+                            p += 1;
+                            if data.get(p) == Some(&op::MEMOIZE) {
+                                p += 1;
+                                self.memoize_here(v);
+                            }
+                            if data.get(p) == Some(&op::MARK) {
+                                let LVal::List(l) = v else { return None };
+                                if !self.ext_frames(data, p + 1, l) {
+                                    return None;
+                                }
+                                p = self.after_frames;
+                            }
+                            v
+                        }
+                        op::NONE => {
+                            p += 1;
+                            LVal::None
+                        }
+                        _ => return None,
+                    });
+                }
+                _ => return None,
+            }
+        }
+        let LVal::Str(action_str) = self.deref(action?).ok()? else {
+            return None;
+        };
+        let action = self.action_of(action_str);
+        let unsigned = |v: Option<i64>| v.map(u64::try_from).transpose().ok();
+        let addr = match (unsigned(nums[0])?, action) {
+            (Some(a), _) => a,
+            (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
+            (None, _) => return None,
+        };
+        let frames = self.stack_slot(frames).ok()?;
+        let user_metadata = self.opt_text(texts[0]).ok()?;
+        let compile_context = self.opt_text(texts[1]).ok()?;
+        let row = self.part.len();
+        if row >= NONE_U32 as usize - 1 {
+            return None;
+        }
+        self.part.push(&TraceEntry {
+            action,
+            action_text: (action == Action::Other).then_some(TextId(action_str)),
+            addr,
+            size: unsigned(nums[1])??,
+            stream: unsigned(nums[2])?.unwrap_or(0),
+            device_free: unsigned(nums[3])?,
+            time_us: nums[4],
+            frames: StackId(frames),
+            user_metadata,
+            compile_context,
+        });
+        let rec = LVal::Rec {
+            src: self.src,
+            row: row as u32,
+        };
+        self.memo[dict_slot] = rec;
+        self.stack.push(rec);
+        Some(p)
     }
 
     /// A dict of the entry shape at `*p` inside a dict's list (one level deep only: the
