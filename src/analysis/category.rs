@@ -123,11 +123,13 @@ impl<'a> Categorizer<'a> {
         let mut optimizer_state_sizes: FxHashMap<u64, u32> = FxHashMap::default();
         // One walk over the allocations (millions in a long trace) for every rule below.
         let mut growth_nodes = Vec::new();
-        for a in replay.allocations.values() {
+        for a in replay.allocations.ghosts() {
             if a.origin == Origin::Ghost && a.stack == StackId::EMPTY {
                 frameless_ghosts.push(a.requested_bytes);
             }
-            let Some(born) = a.alloc_event else { continue };
+        }
+        for a in replay.allocations.births() {
+            let born = a.born;
             match phases.at(Some(born)) {
                 Phase::Optimizer if a.free_event.is_none() => {
                     *optimizer_state_sizes.entry(a.requested_bytes).or_default() += 1;

@@ -52,6 +52,17 @@ impl Allocation {
     }
 }
 
+/// An allocation made in the window, as [`Allocations::births`] gives it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Birth {
+    pub born: u32,
+    pub free_requested_event: Option<u32>,
+    pub free_event: Option<u32>,
+    pub requested_bytes: u64,
+    pub stack: StackId,
+    pub stream: u64,
+}
+
 const NONE: u32 = u32::MAX;
 /// In the replay's address map: the address was freed (index `NONE`, this as its bytes).
 const FREED: u64 = 1;
@@ -159,6 +170,39 @@ impl Allocations {
             Some(self.build(i, entry))
         });
         traced.chain(self.ghosts.iter().copied())
+    }
+
+    /// The allocations made in the window, in order of birth: what the categorizer reads of
+    /// them, without the block bytes and origin that [`values`](Self::values) works out.
+    pub fn births(&self) -> impl Iterator<Item = Birth> + '_ {
+        let mut entries = self.trace.iter();
+        let mut next_entry = Some(0usize);
+        self.events
+            .iter()
+            .filter_map(move |&[alloc, requested, free]| {
+                if alloc == NONE {
+                    return None;
+                }
+                // Alloc events grow with the index (an allocation's index is its first event).
+                let want = alloc as usize;
+                let at = next_entry.filter(|&at| want >= at);
+                next_entry = None;
+                let entry = entries.nth(want - at?)?;
+                next_entry = Some(want + 1);
+                Some(Birth {
+                    born: alloc,
+                    free_requested_event: opt(requested),
+                    free_event: opt(free),
+                    requested_bytes: entry.size,
+                    stack: entry.frames,
+                    stream: entry.stream,
+                })
+            })
+    }
+
+    /// The allocations only the dump knows (before the window, no trace event).
+    pub fn ghosts(&self) -> &[Allocation] {
+        &self.ghosts
     }
 
     /// Allocations alive after `event` (`None` = window start), by value.
