@@ -295,3 +295,58 @@ fn unresolved_cpp_frame_lines_are_read_as_no_line() {
         .assert()
         .success();
 }
+
+/// Two segments that hold one blocks list (the second fetches it from the memo). The parallel
+/// reader gives back the pool room of a segment's dicts once the segment is a row; the list
+/// fetched again must not be read from what is left of them: the parallel reader declines the
+/// file or reads what the sequential reader reads, at default chunks and one frame per chunk.
+#[test]
+fn a_blocks_list_shared_by_two_segments_is_never_read_from_dropped_dicts() {
+    use snapscan::pickle::{self, Value};
+    let src = read(&common::fixture(
+        "real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ));
+    let mut doc = pickle::parse(&src).expect("fixture parses");
+    let field = |doc: &pickle::Document, d: Value, name: &str| -> Option<(usize, Value)> {
+        let (Value::Dict(d), Some(k)) = (d, doc.strings.lookup(name)) else {
+            return None;
+        };
+        let items = doc.dict(d);
+        let i = items.iter().rposition(|(kk, _)| *kk == Value::Str(k))?;
+        Some((i, items[i].1))
+    };
+    let root = doc.root.expect("a root");
+    let Some((_, Value::List(segments))) = field(&doc, root, "segments") else {
+        panic!("segments list")
+    };
+    let segs = doc.seq(segments).to_vec();
+    let (first, second) = (segs[0], segs[1]);
+    let (_, blocks) = field(&doc, first, "blocks").expect("first segment's blocks");
+    let (i, theirs) = field(&doc, second, "blocks").expect("second segment's blocks");
+    assert_ne!(blocks, theirs);
+    let Value::Dict(d) = second else {
+        unreachable!()
+    };
+    doc.dicts[d.0 as usize][i].1 = blocks;
+    let bytes = crate::replica::write(&doc);
+    assert!(
+        bytes.len() < src.len(),
+        "the second list is a memo fetch now"
+    );
+
+    let seq = snapshot::load_bytes_sequential("shared", &bytes);
+    for par in [
+        snapshot::load_bytes_parallel(&bytes),
+        snapshot::load_bytes_parallel_chunked(&bytes, 1),
+    ] {
+        match (&seq, par) {
+            (_, None) => {}
+            (Ok(seq), Some(par)) => assert_eq!(canonical(seq), canonical(&par)),
+            (Err(e), Some(_)) => panic!("the sequential reader fails ({e}), the parallel reads"),
+        }
+    }
+    // What the sequential reader makes of it, as users see it: the file reads, and both
+    // segments list the first one's blocks.
+    let seq = seq.expect("the sequential reader takes a shared blocks list");
+    assert_eq!(seq.segments[0].blocks.len(), seq.segments[1].blocks.len());
+}
