@@ -1393,10 +1393,7 @@ impl<'a, 'c> Vm<'a, 'c> {
                             let raw = data.get(p + 2..p + 2 + n)?;
                             let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
                             p += 2 + n;
-                            if data.get(p) == Some(&op::MEMOIZE) {
-                                p += 1;
-                                self.memoize_here(v);
-                            }
+                            self.memoize_if_next(data, &mut p, v);
                             v
                         }
                         op::NONE if field != F_ACTION => {
@@ -1421,10 +1418,7 @@ impl<'a, 'c> Vm<'a, 'c> {
                         op::EMPTY_LIST => {
                             let v = self.a.new_list();
                             p += 1;
-                            if data.get(p) == Some(&op::MEMOIZE) {
-                                p += 1;
-                                self.memoize_here(v);
-                            }
+                            self.memoize_if_next(data, &mut p, v);
                             if data.get(p) == Some(&op::MARK) {
                                 let LVal::List(l) = v else { return None };
                                 if !self.ext_frames(data, p + 1, l) {
@@ -1507,6 +1501,14 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn fetch(&mut self, data: &[u8], p: usize) -> R<(LVal, usize)> {
         let (g, np) = memo_index(data, p).ok_or(Unsupported)?;
         Ok((self.memo_get(g)?, np))
+    }
+
+    /// Memoizes `v` when a MEMOIZE follows at `*p` (and steps over it).
+    fn memoize_if_next(&mut self, data: &[u8], p: &mut usize, v: LVal) {
+        if data.get(*p) == Some(&op::MEMOIZE) {
+            *p += 1;
+            self.memoize_here(v);
+        }
     }
 
     fn memoize_here(&mut self, v: LVal) {
@@ -1596,10 +1598,7 @@ impl<'a, 'c> Vm<'a, 'c> {
                     let s = std::str::from_utf8(raw).map_err(|_| Unsupported)?;
                     p += skip + n;
                     let v = LVal::Str(self.a.intern(s));
-                    if data.get(p) == Some(&op::MEMOIZE) {
-                        p += 1;
-                        self.memoize_here(v);
-                    }
+                    self.memoize_if_next(data, &mut p, v);
                     v
                 }
                 op::BINGET | op::LONG_BINGET => {
@@ -1610,10 +1609,7 @@ impl<'a, 'c> Vm<'a, 'c> {
                 op::EMPTY_LIST => {
                     let v = self.a.new_list();
                     p += 1;
-                    if data.get(p) == Some(&op::MEMOIZE) {
-                        p += 1;
-                        self.memoize_here(v);
-                    }
+                    self.memoize_if_next(data, &mut p, v);
                     let LVal::List(l) = v else {
                         return Err(Unsupported);
                     };
