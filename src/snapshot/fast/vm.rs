@@ -118,6 +118,20 @@ pub struct FrameC {
     pub line: i64,
 }
 
+/// A trace entry's values, read: what [`Vm::push_row`] makes a row of.
+struct RowFields {
+    /// The action string (index into the arena's strings).
+    action: u32,
+    addr: Option<u64>,
+    size: u64,
+    stream: u64,
+    device_free: Option<u64>,
+    time_us: Option<i64>,
+    frames: Option<LVal>,
+    user_metadata: Option<LVal>,
+    compile_context: Option<LVal>,
+}
+
 /// Where a stack slot's frames come from.
 #[derive(Clone, Debug)]
 pub enum Slot {
@@ -455,6 +469,31 @@ fn le_i64(data: &[u8], at: usize, n: usize) -> Option<i64> {
     Some(((u64::from_le_bytes(b) << shift) as i64) >> shift)
 }
 
+/// The int a BININT1, BININT2, BININT or LONG1 (of 8 bytes at most) at `p` pushes, and the
+/// opcode's length.
+#[inline(always)]
+fn small_int(data: &[u8], p: usize) -> Option<(i64, usize)> {
+    Some(match *data.get(p)? {
+        op::BININT1 => (i64::from(*data.get(p + 1)?), 2),
+        op::BININT2 => {
+            let b = data.get(p + 1..p + 3)?;
+            (i64::from(u16::from_le_bytes([b[0], b[1]])), 3)
+        }
+        op::BININT => {
+            let b = data.get(p + 1..p + 5)?;
+            (i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])), 5)
+        }
+        op::LONG1 => {
+            let n = *data.get(p + 1)? as usize;
+            if n > 8 {
+                return None;
+            }
+            (le_i64(data, p + 2, n)?, 2 + n)
+        }
+        _ => return None,
+    })
+}
+
 /// The memo index a BINGET or LONG_BINGET at `p` fetches, and the position after it.
 #[inline(always)]
 fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
@@ -493,14 +532,45 @@ struct Tagged<T: Copy> {
     v: T,
 }
 
+/// Values by memo index in `EXT_SLOTS` direct-mapped slots (made on the first `put`): an index
+/// whose slot another one took is simply not found.
+pub struct Slots<T: Copy> {
+    slots: Vec<Tagged<T>>,
+}
+
+impl<T: Copy> Default for Slots<T> {
+    fn default() -> Self {
+        Slots { slots: Vec::new() }
+    }
+}
+
+impl<T: Copy + Default> Slots<T> {
+    #[inline(always)]
+    fn get(&self, g: u32) -> Option<T> {
+        let t = self.slots.get(slot_of_memo(g))?;
+        (t.g == g).then_some(t.v)
+    }
+
+    fn put(&mut self, g: u32, v: T) {
+        if self.slots.is_empty() {
+            let none = Tagged {
+                g: NONE_U32,
+                v: T::default(),
+            };
+            self.slots = vec![none; EXT_SLOTS];
+        }
+        self.slots[slot_of_memo(g)] = Tagged { g, v };
+    }
+}
+
 /// Local view of other chunks' memo values (resolved once per machine): direct-mapped slots in
 /// front of a map that keeps every value, so a slot taken by another index costs a lookup.
 #[derive(Default)]
 struct ExtCache {
     /// Strings (the common case: dict keys, action names) by index into `a.strs`.
-    strs: Vec<Tagged<u32>>,
+    strs: Slots<u32>,
     /// The field a string used as a dict key names.
-    fields: Vec<Tagged<u8>>,
+    fields: Slots<u8>,
     all: FxHashMap<u32, LVal>,
 }
 
@@ -513,23 +583,18 @@ impl ExtCache {
     #[inline(always)]
     fn get(&self, g: u32) -> Option<LVal> {
         // Built in registers: copying a 16-byte enum through memory stalls here.
-        if let Some(t) = self.strs.get(slot_of_memo(g)) {
-            if t.g == g {
-                return Some(LVal::Str(t.v));
-            }
+        if let Some(i) = self.strs.get(g) {
+            return Some(LVal::Str(i));
         }
         self.all.get(&g).copied()
     }
 
     fn put(&mut self, g: u32, v: LVal) {
         if let LVal::Str(i) = v {
-            if self.strs.is_empty() {
-                self.strs = vec![Tagged { g: NONE_U32, v: 0 }; EXT_SLOTS];
-            }
             // Strings only in their slot: real dumps fetch a string of their own per entry
             // (`compile_context`), and keeping each in the map cost more than resolving the
             // few evicted ones again.
-            self.strs[slot_of_memo(g)] = Tagged { g, v: i };
+            self.strs.put(g, i);
             return;
         }
         self.all.insert(g, v);
@@ -537,42 +602,20 @@ impl ExtCache {
 
     #[inline(always)]
     fn field(&self, g: u32) -> Option<u8> {
-        let t = self.fields.get(slot_of_memo(g))?;
-        (t.g == g).then_some(t.v)
+        self.fields.get(g)
     }
 
     fn put_field(&mut self, g: u32, f: u8) {
-        if self.fields.is_empty() {
-            self.fields = vec![Tagged { g: NONE_U32, v: 0 }; EXT_SLOTS];
-        }
-        self.fields[slot_of_memo(g)] = Tagged { g, v: f };
+        self.fields.put(g, f);
     }
 }
 
-/// Direct-mapped slots of strings stored in other chunks' memos, by memo index, kept by a
-/// worker from one chunk to the next. Real dumps fetch strings stored far back (every entry of
-/// a replayed trace fetches its own `compile_context` string from the first pass): read from
-/// the input each time, each chunk found them again at ~500 instructions apiece (a tenth of
-/// the reader's work on such files).
-#[derive(Default)]
-pub struct TextCache<'a> {
-    slots: Vec<Tagged<&'a str>>,
-}
-
-impl<'a> TextCache<'a> {
-    #[inline(always)]
-    fn get(&self, g: u32) -> Option<&'a str> {
-        let t = self.slots.get(slot_of_memo(g))?;
-        (t.g == g).then_some(t.v)
-    }
-
-    fn put(&mut self, g: u32, s: &'a str) {
-        if self.slots.is_empty() {
-            self.slots = vec![Tagged { g: NONE_U32, v: "" }; EXT_SLOTS];
-        }
-        self.slots[slot_of_memo(g)] = Tagged { g, v: s };
-    }
-}
+/// Strings stored in other chunks' memos, by memo index, kept by a worker from one chunk to
+/// the next. Real dumps fetch strings stored far back (every entry of a replayed trace fetches
+/// its own `compile_context` string from the first pass): read from the input each time, each
+/// chunk found them again at ~500 instructions apiece (a tenth of the reader's work on such
+/// files).
+pub type TextCache<'a> = Slots<&'a str>;
 
 /// Containers and strings of one machine (or of what a chunk hands on).
 #[derive(Default)]
@@ -1356,27 +1399,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             match field {
                 F_ADDR | F_SIZE | F_STREAM | F_DEVICE_FREE | F_TIME => {
                     let (v, len) = match code {
-                        op::BININT1 => (Some(i64::from(*data.get(p + 1)?)), 2),
-                        op::BININT2 => {
-                            let b = data.get(p + 1..p + 3)?;
-                            (Some(i64::from(u16::from_le_bytes([b[0], b[1]]))), 3)
-                        }
-                        op::BININT => {
-                            let b = data.get(p + 1..p + 5)?;
-                            (
-                                Some(i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-                                5,
-                            )
-                        }
-                        op::LONG1 => {
-                            let n = *data.get(p + 1)? as usize;
-                            if n > 8 {
-                                return None;
-                            }
-                            (Some(le_i64(data, p + 2, n)?), 2 + n)
-                        }
                         op::NONE => (None, 1),
-                        _ => return None,
+                        _ => small_int(data, p).map(|(v, len)| (Some(v), len))?,
                     };
                     nums[(field - F_ADDR) as usize] = v;
                     p += len;
@@ -1438,39 +1462,23 @@ impl<'a, 'c> Vm<'a, 'c> {
                 _ => return None,
             }
         }
-        let LVal::Str(action_str) = self.deref(action?).ok()? else {
+        let LVal::Str(action) = self.deref(action?).ok()? else {
             return None;
         };
-        let action = self.action_of(action_str);
         let unsigned = |v: Option<i64>| v.map(u64::try_from).transpose().ok();
-        let addr = match (unsigned(nums[0])?, action) {
-            (Some(a), _) => a,
-            (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
-            (None, _) => return None,
-        };
-        let frames = self.stack_slot(frames).ok()?;
-        let user_metadata = self.opt_text(texts[0]).ok()?;
-        let compile_context = self.opt_text(texts[1]).ok()?;
-        let row = self.part.len();
-        if row >= NONE_U32 as usize - 1 {
-            return None;
-        }
-        self.part.push(&TraceEntry {
+        let fields = RowFields {
             action,
-            action_text: (action == Action::Other).then_some(TextId(action_str)),
-            addr,
+            addr: unsigned(nums[0])?,
             size: unsigned(nums[1])??,
             stream: unsigned(nums[2])?.unwrap_or(0),
             device_free: unsigned(nums[3])?,
             time_us: nums[4],
-            frames: StackId(frames),
-            user_metadata,
-            compile_context,
-        });
-        let rec = LVal::Rec {
-            src: self.src,
-            row: row as u32,
+            frames,
+            user_metadata: texts[0],
+            compile_context: texts[1],
         };
+        let row = self.push_row(fields).ok()?;
+        let rec = LVal::Rec { src: self.src, row };
         self.memo[dict_slot] = rec;
         self.stack.push(rec);
         Some(p)
@@ -1563,28 +1571,9 @@ impl<'a, 'c> Vm<'a, 'c> {
             let code = *data.get(p).ok_or(Unsupported)?;
             let arg = |n: usize| data.get(p + 1..p + 1 + n).ok_or(Unsupported);
             let v = match code {
-                op::BININT1 => {
-                    let b = arg(1)?;
-                    p += 2;
-                    LVal::Int(b[0] as i64)
-                }
-                op::BININT2 => {
-                    let b = arg(2)?;
-                    p += 3;
-                    LVal::Int(u16::from_le_bytes([b[0], b[1]]) as i64)
-                }
-                op::BININT => {
-                    let b = arg(4)?;
-                    p += 5;
-                    LVal::Int(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64)
-                }
-                op::LONG1 => {
-                    let n = arg(1)?[0] as usize;
-                    if n > 8 {
-                        return Err(Unsupported);
-                    }
-                    let v = le_i64(data, p + 2, n).ok_or(Unsupported)?;
-                    p += 2 + n;
+                op::BININT1 | op::BININT2 | op::BININT | op::LONG1 => {
+                    let (v, len) = small_int(data, p).ok_or(Unsupported)?;
+                    p += len;
                     LVal::Int(v)
                 }
                 op::SHORT_BINUNICODE | op::BINUNICODE => {
@@ -2160,15 +2149,9 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// A trace record from the values of its keys (indexed by `F_*`); `action` is present.
     fn record(&mut self, f: &[Option<LVal>; 9]) -> R<u32> {
         let action_value = f[F_ACTION as usize].ok_or(Unsupported)?;
-        let LVal::Str(action_str) = self.deref(action_value)? else {
+        let LVal::Str(action) = self.deref(action_value)? else {
             return Err(Unsupported);
         };
-        let action = self.action_of(action_str);
-        let action_text = (action == Action::Other).then_some(TextId(action_str));
-        let addr = self.u64_field(f[F_ADDR as usize])?;
-        let size = self.u64_field(f[F_SIZE as usize])?.ok_or(Unsupported)?;
-        let stream = self.u64_field(f[F_STREAM as usize])?.unwrap_or(0);
-        let device_free = self.u64_field(f[F_DEVICE_FREE as usize])?;
         let time_us = match f[F_TIME as usize].map(|v| self.deref(v)).transpose()? {
             None | Some(LVal::None) => None,
             Some(LVal::Int(t)) => Some(t),
@@ -2176,26 +2159,44 @@ impl<'a, 'c> Vm<'a, 'c> {
             Some(LVal::Big(_)) => None,
             Some(_) => return Err(Unsupported),
         };
-        let addr = match (addr, action) {
+        let fields = RowFields {
+            action,
+            addr: self.u64_field(f[F_ADDR as usize])?,
+            size: self.u64_field(f[F_SIZE as usize])?.ok_or(Unsupported)?,
+            stream: self.u64_field(f[F_STREAM as usize])?.unwrap_or(0),
+            device_free: self.u64_field(f[F_DEVICE_FREE as usize])?,
+            time_us,
+            frames: f[F_FRAMES as usize],
+            user_metadata: f[F_UM as usize],
+            compile_context: f[F_CC as usize],
+        };
+        self.push_row(fields)
+    }
+
+    /// The row of a trace entry read by [`Vm::record`] or [`Vm::trace_entry`] (the decoder's
+    /// `trace_entry` rules from here on are the same for both).
+    fn push_row(&mut self, f: RowFields) -> R<u32> {
+        let action = self.action_of(f.action);
+        let addr = match (f.addr, action) {
             (Some(a), _) => a,
             (None, Action::Oom | Action::Snapshot | Action::Other) => 0,
             (None, _) => return Err(Unsupported),
         };
-        let frames = self.stack_slot(f[F_FRAMES as usize])?;
-        let user_metadata = self.opt_text(f[F_UM as usize])?;
-        let compile_context = self.opt_text(f[F_CC as usize])?;
+        let frames = self.stack_slot(f.frames)?;
+        let user_metadata = self.opt_text(f.user_metadata)?;
+        let compile_context = self.opt_text(f.compile_context)?;
         let row = self.part.len();
         if row >= NONE_U32 as usize - 1 {
             return Err(Unsupported);
         }
         self.part.push(&TraceEntry {
             action,
-            action_text,
+            action_text: (action == Action::Other).then_some(TextId(f.action)),
             addr,
-            size,
-            stream,
-            device_free,
-            time_us,
+            size: f.size,
+            stream: f.stream,
+            device_free: f.device_free,
+            time_us: f.time_us,
             frames: StackId(frames),
             user_metadata,
             compile_context,
