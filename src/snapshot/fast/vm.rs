@@ -2175,6 +2175,7 @@ impl<'a, 'c> Vm<'a, 'c> {
 
     /// The row of a trace entry read by [`Vm::record`] or [`Vm::trace_entry`] (the decoder's
     /// `trace_entry` rules from here on are the same for both).
+    #[inline(always)]
     fn push_row(&mut self, f: RowFields) -> R<u32> {
         let action = self.action_of(f.action);
         let addr = match (f.addr, action) {
