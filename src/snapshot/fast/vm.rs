@@ -1551,6 +1551,8 @@ impl<'a, 'c> Vm<'a, 'c> {
         });
         self.memo_next += 1;
         let mut f: [Option<LVal>; 9] = [None; 9];
+        // Only a dict with a `blocks` key can be a segment: block and frame dicts skip the try.
+        let mut has_blocks = false;
         loop {
             let code = *data.get(p).ok_or(Unsupported)?;
             if code == op::SETITEMS {
@@ -1676,6 +1678,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             if field <= F_CC {
                 f[field as usize] = Some(v);
             }
+            has_blocks |= field == F_BLOCKS;
             // The pairs make a dict only when there is no action (a trace entry has it first).
             if f[F_ACTION as usize].is_none() {
                 pairs.push(key);
@@ -1692,7 +1695,11 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.a.dicts[d as usize].memo = dict_g;
             self.a.dict_extend(d, pairs)?;
             self.memo[dict_slot] = LVal::Dict(d);
-            let v = self.completed_dict(d);
+            let v = if has_blocks {
+                self.completed_dict(d)
+            } else {
+                LVal::Dict(d)
+            };
             self.stack.push(v);
             return Ok(Some(p));
         }
