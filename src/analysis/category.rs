@@ -124,7 +124,7 @@ impl<'a> Categorizer<'a> {
         // One walk over the allocations (millions in a long trace) for every rule below.
         let mut growth_nodes = Vec::new();
         for a in replay.allocations.ghosts() {
-            if a.origin == Origin::Ghost && a.stack == StackId::EMPTY {
+            if a.stack == StackId::EMPTY {
                 frameless_ghosts.push(a.requested_bytes);
             }
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use rustc_hash::FxHashMap;
 
-use crate::snapshot::{Action, BlockState, Snapshot, StackId, Trace, TraceEntry};
+use crate::snapshot::{Action, BlockState, Snapshot, StackId, Trace, TraceEntry, TraceIter};
 
 /// Where an allocation's record comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,40 +155,25 @@ impl Allocations {
 
     /// Every allocation, by value, in order (traced ones in the order of their first event).
     pub fn values(&self) -> impl Iterator<Item = Allocation> + '_ {
-        // Sources only grow: one pass over the trace, stepping over the entries between them
-        // without decoding them (a long trace's frees are half its entries).
-        let mut entries = self.trace.iter();
-        // Index of the entry `entries` gives next; `None` once a source went backwards (the
-        // pass is over, as a search for it would have ended it).
-        let mut next_entry = Some(0usize);
-        let traced = (0..self.events.len()).filter_map(move |i| {
-            let want = self.source(i);
-            let at = next_entry.filter(|&at| want >= at);
-            next_entry = None;
-            let entry = entries.nth(want - at?)?;
-            next_entry = Some(want + 1);
-            Some(self.build(i, entry))
-        });
+        // Sources only grow: one pass over the trace.
+        let mut entries = EntryCursor::new(&self.trace);
+        let traced = (0..self.events.len())
+            .filter_map(move |i| Some(self.build(i, entries.at(self.source(i))?)));
         traced.chain(self.ghosts.iter().copied())
     }
 
     /// The allocations made in the window, in order of birth: what the categorizer reads of
     /// them, without the block bytes and origin that [`values`](Self::values) works out.
     pub fn births(&self) -> impl Iterator<Item = Birth> + '_ {
-        let mut entries = self.trace.iter();
-        let mut next_entry = Some(0usize);
+        // Alloc events grow with the index (an allocation's index is its first event).
+        let mut entries = EntryCursor::new(&self.trace);
         self.events
             .iter()
             .filter_map(move |&[alloc, requested, free]| {
                 if alloc == NONE {
                     return None;
                 }
-                // Alloc events grow with the index (an allocation's index is its first event).
-                let want = alloc as usize;
-                let at = next_entry.filter(|&at| want >= at);
-                next_entry = None;
-                let entry = entries.nth(want - at?)?;
-                next_entry = Some(want + 1);
+                let entry = entries.at(alloc as usize)?;
                 Some(Birth {
                     born: alloc,
                     free_requested_event: opt(requested),
@@ -233,6 +218,32 @@ impl Allocations {
 
     pub fn iter(&self) -> std::slice::Iter<'_, Allocation> {
         self.as_slice().iter()
+    }
+}
+
+/// Entries of a trace asked for in rising order, in one pass that steps over the entries
+/// between them without decoding them (a long trace's frees are half its entries).
+struct EntryCursor<'t> {
+    entries: TraceIter<'t>,
+    /// Index of the entry `entries` gives next; `None` once an index went backwards (the pass
+    /// is over, as a search for it would have ended it).
+    next: Option<usize>,
+}
+
+impl<'t> EntryCursor<'t> {
+    fn new(trace: &'t Trace) -> Self {
+        EntryCursor {
+            entries: trace.iter(),
+            next: Some(0),
+        }
+    }
+
+    fn at(&mut self, want: usize) -> Option<TraceEntry> {
+        let at = self.next.filter(|&at| want >= at);
+        self.next = None;
+        let entry = self.entries.nth(want - at?)?;
+        self.next = Some(want + 1);
+        Some(entry)
     }
 }
 
