@@ -131,6 +131,49 @@ fn work_per_byte_does_not_grow_with_copies_of_a_real_trace() {
     }
 }
 
+/// A pickle nested deeper than the chunk machines follow goes to the sequential reader as soon
+/// as a machine meets the depth, on one thread or several: it is stepped over about once, not
+/// by the in-order machines, then the parallel ones, then the sequential reader (three times
+/// the bytes, which on a busy machine took a million nested lists past the 2 s budget).
+#[test]
+fn input_nested_too_deep_for_the_chunk_machines_is_read_about_once() {
+    let dir = tempfile_dir();
+    // [[[[…]]]] 200,000 deep: MARK/EMPTY_LIST pairs closed by APPENDS.
+    let n = 200_000;
+    let mut bytes = b"\x80\x04]".to_vec();
+    bytes.extend(b"(]".repeat(n));
+    bytes.extend(b"e".repeat(n));
+    bytes.push(b'.');
+    let path = dir.join("nested.pickle");
+    std::fs::write(&path, &bytes).expect("write nested");
+    for threads in ["1", "2", "4"] {
+        let out = common::snapscan()
+            .env("SNAPSCAN_WORK", "1")
+            .env("RAYON_NUM_THREADS", threads)
+            .arg("report")
+            .arg(&path)
+            .output()
+            .expect("snapscan runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("expected dict, found list"), "{stderr}");
+        let units: u64 = stderr
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("work: ")?
+                    .strip_suffix(" units")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no work line in {stderr:?}"));
+        let len = bytes.len() as u64;
+        assert!(
+            units <= len + len / 10,
+            "{threads} threads: {units} work units for {len} bytes"
+        );
+    }
+}
+
 fn tempfile_dir() -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("snapscan-work-{}", std::process::id()));
     std::fs::create_dir_all(&d).expect("temp dir");

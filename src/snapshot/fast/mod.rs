@@ -97,7 +97,11 @@ fn load_inner(
     let in_order = if threads <= 2 && plan.header_cut.is_none() {
         // Anything unusual (a cut, STOP early, a count that disagrees) is left to the
         // parallel walk below, which words it.
-        read_in_order(data, &plan, release, peek, done, threads == 2).ok()
+        match read_in_order(data, &plan, release, peek, done, threads == 2) {
+            Ok(read) => Some(read),
+            Err(InOrderFail::Retry) => None,
+            Err(InOrderFail::TooDeep) => return Err(Fail::Unsupported),
+        }
     } else {
         None
     };
@@ -198,7 +202,7 @@ fn read_in_order<'a>(
     peek: &'a (dyn Fn(usize, &mut [u8]) -> usize + Sync),
     done: &AtomicU64,
     helper: bool,
-) -> R<(Ctx<'a>, Vec<ChunkOut<'a>>)> {
+) -> Result<(Ctx<'a>, Vec<ChunkOut<'a>>), InOrderFail> {
     let n = plan.ranges.len();
     let chunks: Vec<Chunk> = plan
         .ranges
@@ -366,13 +370,35 @@ fn read_in_order<'a>(
     } else {
         (first(), Ok(Vec::new()))
     };
-    let mut outs = a?;
-    outs.extend(b?);
+    let fail = || {
+        if ctx.too_deep.load(Ordering::Relaxed) {
+            InOrderFail::TooDeep
+        } else {
+            InOrderFail::Retry
+        }
+    };
+    let mut outs = a.map_err(|_| fail())?;
+    outs.extend(b.map_err(|_| fail())?);
     if outs.len() != n || !outs.last().is_some_and(|o| o.stopped) {
-        return Err(Unsupported);
+        return Err(InOrderFail::Retry);
     }
     ctx.seal_counts()?;
     Ok((ctx, outs))
+}
+
+/// Why [`read_in_order`] gave up.
+enum InOrderFail {
+    /// Something the parallel walk words (a cut, STOP early, counts that disagree).
+    Retry,
+    /// A chunk nests deeper than the machines follow: the parallel walk would fail the same
+    /// way, so the sequential reader takes the input at once.
+    TooDeep,
+}
+
+impl From<Unsupported> for InOrderFail {
+    fn from(_: Unsupported) -> InOrderFail {
+        InOrderFail::Retry
+    }
 }
 
 /// Runs `f`, then sets `flag` (whatever `f` returns): a thread waiting on it stops waiting.

@@ -234,6 +234,10 @@ pub struct Ctx<'a> {
     /// into it is answered in O(1) (walking the chunk per reference made work grow with
     /// references × chunk size on real dumps, whose frame dicts are shared file-wide).
     sources: Vec<OnceLock<Box<[u32]>>>,
+    /// Set when a chunk nests deeper than the machines follow ([`MAX_DEPTH`], [`MAX_MARKS`]):
+    /// every other way through the chunks fails the same way, so the sequential reader takes
+    /// the input at once (a hostile input of a million nested lists was read three times).
+    pub too_deep: AtomicBool,
 }
 
 /// A chunk's memo counts not known yet.
@@ -262,7 +266,14 @@ impl<'a> Ctx<'a> {
             frame_headers,
             release,
             sources: chunks.iter().map(|_| OnceLock::new()).collect(),
+            too_deep: AtomicBool::new(false),
         }
+    }
+
+    /// Notes that a chunk nests deeper than the machines follow; returns the error to give.
+    fn nests_too_deep(&self) -> Unsupported {
+        self.too_deep.store(true, Ordering::Relaxed);
+        Unsupported
     }
 
     /// `s` as owned text; read back with a system call when it lies in the input, whose pages
@@ -864,6 +875,10 @@ impl<'a> Arena<'a> {
 /// Deepest nesting the copies between machines follow (the sequential reader takes deeper).
 const MAX_DEPTH: usize = 256;
 
+/// Most MARKs a machine keeps open: each is a container being built, so more than the copies
+/// follow ([`MAX_DEPTH`]) would fail later anyway (real snapshots nest fewer than ten deep).
+const MAX_MARKS: usize = MAX_DEPTH;
+
 /// Copies value `v` of arena `from` into `to`. `text` re-homes strings; `memo` is told of every
 /// memoized container copied (old id → new value). Shared containers are copied once.
 pub struct Copier<'x, 'a> {
@@ -872,6 +887,8 @@ pub struct Copier<'x, 'a> {
     dicts: FxHashMap<u32, u32>,
     tuples: FxHashMap<u32, u32>,
     same_strings: bool,
+    /// Set when a copy failed for nesting deeper than [`MAX_DEPTH`].
+    pub too_deep: bool,
 }
 
 impl<'x, 'a> Copier<'x, 'a> {
@@ -882,6 +899,7 @@ impl<'x, 'a> Copier<'x, 'a> {
             dicts: FxHashMap::default(),
             tuples: FxHashMap::default(),
             same_strings,
+            too_deep: false,
         }
     }
 
@@ -893,6 +911,7 @@ impl<'x, 'a> Copier<'x, 'a> {
         depth: usize,
     ) -> R<LVal> {
         if depth > MAX_DEPTH {
+            self.too_deep = true;
             return Err(Unsupported);
         }
         Ok(match v {
@@ -1887,7 +1906,12 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn step(&mut self, code: u8, ins: &[u8]) -> R<()> {
         match code {
             op::FRAME | op::PROTO => {}
-            op::MARK => self.marks.push(self.stack.len()),
+            op::MARK => {
+                if self.marks.len() >= MAX_MARKS {
+                    return Err(self.ctx.nests_too_deep());
+                }
+                self.marks.push(self.stack.len())
+            }
             op::NONE => self.stack.push(LVal::None),
             op::NEWTRUE => self.stack.push(LVal::Bool(true)),
             op::NEWFALSE => self.stack.push(LVal::Bool(false)),
@@ -2454,7 +2478,11 @@ impl<'a, 'c> Vm<'a, 'c> {
         let mut copier = Copier::new(&from, true);
         for m in &mut self.macros {
             if let Macro::Push(v) = m {
-                *v = copier.copy(&mut out, *v, &mut |_, _| {}, 0)?;
+                *v = match copier.copy(&mut out, *v, &mut |_, _| {}, 0) {
+                    Ok(v) => v,
+                    Err(_) if copier.too_deep => return Err(self.ctx.nests_too_deep()),
+                    Err(e) => return Err(e),
+                };
             }
         }
         drop(copier);
