@@ -31,6 +31,20 @@ pub enum PickleError {
     FrameTooLong { offset: u64, len: u64, claimed: u64 },
     #[error("invalid pickle at byte {offset}: {message}")]
     Invalid { offset: u64, message: String },
+    /// The values read so far take more memory than a snapshot of this size needs (see
+    /// `reader::BYTES_PER_INPUT_BYTE`): many tiny containers or values, not a memory snapshot.
+    #[error(
+        "stopped at byte {offset} of {len}: the values read so far take more than {} MiB \
+         ({per_byte} bytes per input byte), far more than a memory snapshot of this size \
+         needs: the pickle is made of tiny containers or values",
+        budget >> 20
+    )]
+    TooManyValues {
+        offset: u64,
+        len: u64,
+        budget: u64,
+        per_byte: u64,
+    },
     #[error("invalid JSON: {0}")]
     Json(String),
 }
@@ -48,7 +62,8 @@ impl PickleError {
             PickleError::Refused { offset, .. }
             | PickleError::Truncated { offset, .. }
             | PickleError::FrameTooLong { offset, .. }
-            | PickleError::Invalid { offset, .. } => Some(*offset),
+            | PickleError::Invalid { offset, .. }
+            | PickleError::TooManyValues { offset, .. } => Some(*offset),
             PickleError::Json(_) => None,
         }
     }

@@ -21,6 +21,61 @@ const MAX_INT_BYTES: usize = 16;
 /// cut (CPython's frames are ~64 KiB).
 pub(crate) const MAX_CUT_FRAME: u64 = 1 << 32;
 
+/// Memory the document may take per input byte, as the reader counts it (below), beyond
+/// [`MIN_BUDGET`]. Real snapshots of a MiB and more take 4.3 to 5.2 (their values are memo
+/// references, ints and shared strings of several bytes each); an input of one-byte
+/// containers or values takes 16 to 60, which would make a 10 MB file need more than 256 MB.
+pub(crate) const BYTES_PER_INPUT_BYTE: u64 = 10;
+/// Memory any input may take, whatever its size.
+const MIN_BUDGET: u64 = 64 << 20;
+
+/// Memory a document takes as its readers count it (this one and the JSON reader): a value
+/// (on the stack, in a container or in the memo) 16 bytes, a container 32 more, a new string
+/// or bytes object its length and 96 (rounded up for the index's growth).
+#[derive(Debug)]
+pub(crate) struct Budget {
+    held: u64,
+    limit: u64,
+}
+
+impl Budget {
+    pub const VALUE: u64 = 16;
+    pub const CONTAINER: u64 = 32;
+
+    /// The budget of an input of `len` bytes.
+    pub fn new(len: usize) -> Budget {
+        Budget {
+            held: 0,
+            limit: (len as u64)
+                .saturating_mul(BYTES_PER_INPUT_BYTE)
+                .max(MIN_BUDGET),
+        }
+    }
+
+    pub fn text(len: usize) -> u64 {
+        len as u64 + 96
+    }
+
+    /// Counts `bytes` more (checked by [`Budget::over`]).
+    pub fn add(&mut self, bytes: u64) {
+        self.held = self.held.saturating_add(bytes);
+    }
+
+    pub fn over(&self) -> bool {
+        self.held > self.limit
+    }
+
+    /// Counts `bytes` more; `false` once over the limit.
+    pub fn charge(&mut self, bytes: u64) -> bool {
+        self.add(bytes);
+        !self.over()
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
 struct Memo {
     dense: Vec<Option<Value>>,
     sparse: FxHashMap<u64, Value>,
@@ -93,6 +148,8 @@ struct Machine<'a> {
     marks: Vec<usize>,
     memo: Memo,
     doc: Document,
+    /// Memory the document takes so far, as counted: checked once per opcode.
+    budget: Budget,
 }
 
 impl<'a> Machine<'a> {
@@ -108,6 +165,16 @@ impl<'a> Machine<'a> {
                 sparse: FxHashMap::default(),
             },
             doc: Document::default(),
+            budget: Budget::new(data.len()),
+        }
+    }
+
+    fn too_many_values(&self) -> PickleError {
+        PickleError::TooManyValues {
+            offset: self.op_pos as u64,
+            len: self.data.len() as u64,
+            budget: self.budget.limit(),
+            per_byte: BYTES_PER_INPUT_BYTE,
         }
     }
 
@@ -185,6 +252,7 @@ impl<'a> Machine<'a> {
     }
 
     fn push(&mut self, v: Value) {
+        self.budget.add(Budget::VALUE);
         self.stack.push(v);
     }
 
@@ -217,6 +285,7 @@ impl<'a> Machine<'a> {
     }
 
     fn new_seq(&mut self, items: Vec<Value>) -> Result<SeqId, PickleError> {
+        self.budget.add(Budget::CONTAINER);
         let id = u32::try_from(self.doc.seqs.len())
             .map_err(|_| self.err("more than 2^32 containers"))?;
         self.doc.seqs.push(items);
@@ -224,6 +293,7 @@ impl<'a> Machine<'a> {
     }
 
     fn new_dict(&mut self, items: Vec<(Value, Value)>) -> Result<DictId, PickleError> {
+        self.budget.add(Budget::CONTAINER);
         let id = u32::try_from(self.doc.dicts.len())
             .map_err(|_| self.err("more than 2^32 containers"))?;
         self.doc.dicts.push(items);
@@ -231,6 +301,7 @@ impl<'a> Machine<'a> {
     }
 
     fn push_str(&mut self, raw: &[u8]) -> Result<(), PickleError> {
+        let known = self.doc.strings.len();
         let id = match std::str::from_utf8(raw) {
             Ok(s) => self.doc.strings.intern(s),
             Err(_) if is_surrogate_escaped(raw) => {
@@ -245,11 +316,15 @@ impl<'a> Machine<'a> {
                 )))
             }
         };
+        if self.doc.strings.len() > known {
+            self.budget.add(Budget::text(raw.len()));
+        }
         self.push(Value::Str(id));
         Ok(())
     }
 
     fn push_bytes(&mut self, raw: &[u8]) {
+        self.budget.add(Budget::text(raw.len()));
         let i = self.doc.bytes.len() as u32;
         self.doc.bytes.push(raw.into());
         self.push(Value::Bytes(i));
@@ -289,6 +364,7 @@ impl<'a> Machine<'a> {
 
     fn memo_put(&mut self, index: u64) -> Result<(), PickleError> {
         let v = self.top()?;
+        self.budget.add(Budget::VALUE);
         self.memo.put(index, v);
         Ok(())
     }
@@ -413,6 +489,9 @@ impl<'a> Machine<'a> {
                 next_report = self.pos.saturating_add(step);
             }
             self.op_pos = self.pos;
+            if self.budget.over() {
+                return Err(self.too_many_values());
+            }
             let code = match self.data.get(self.pos) {
                 Some(&c) => c,
                 None => {
@@ -559,7 +638,11 @@ impl<'a> Machine<'a> {
                     let line = self.line()?;
                     let text = decode_raw_unicode_escape(line)
                         .ok_or_else(|| self.err("UNICODE opcode with a malformed escape"))?;
+                    let known = self.doc.strings.len();
                     let id = self.doc.strings.intern(&text);
+                    if self.doc.strings.len() > known {
+                        self.budget.add(Budget::text(text.len()));
+                    }
                     self.push(Value::Str(id));
                 }
                 op::SHORT_BINSTRING => {
@@ -980,5 +1063,69 @@ mod tests {
     #[test]
     fn string_repr() {
         assert_eq!(decode_string_repr(b"'a\\nb\\x41\\101'").unwrap(), b"a\nbAA");
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    /// Real snapshots read by this reader stay well under the budget. Per input byte, the
+    /// fixtures of a MiB and more count 4.3 to 5.2 bytes: their frames and strings repeat.
+    /// Small ones count up to 9 (their first appearances dominate), but they stay far under
+    /// [`MIN_BUDGET`], and so would a whole file of first appearances below 7 MB.
+    #[test]
+    fn real_snapshots_stay_well_under_the_budget() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/real");
+        let (mut big, mut worst_big) = (0, 0.0f64);
+        for entry in std::fs::read_dir(&dir).expect("fixtures/real") {
+            let path = entry.expect("entry").path();
+            if path.extension().and_then(|e| e.to_str()) != Some("pickle") {
+                continue;
+            }
+            let data = std::fs::read(&path).expect("fixture");
+            let mut m = Machine::new(&data);
+            m.run_inner(usize::MAX, &mut |_| {})
+                .expect("a real snapshot reads");
+            let per_byte = m.budget.held as f64 / data.len() as f64;
+            eprintln!(
+                "{}: {per_byte:.2} counted bytes per input byte",
+                path.display()
+            );
+            assert!(
+                m.budget.held * 2 < m.budget.limit,
+                "{}: {:?}",
+                path.display(),
+                m.budget
+            );
+            if data.len() >= 1 << 20 {
+                big += 1;
+                worst_big = worst_big.max(per_byte);
+            }
+        }
+        assert!(big >= 3, "only {big} real fixtures of a MiB or more");
+        assert!(
+            worst_big <= 0.6 * BYTES_PER_INPUT_BYTE as f64,
+            "{worst_big:.2} bytes per input byte"
+        );
+    }
+
+    /// One-byte containers: refused at the budget, with the offset, not read to the end.
+    #[test]
+    fn tiny_containers_stop_at_the_budget() {
+        let n = 8 << 20;
+        let mut data = b"\x80\x04](".to_vec();
+        data.extend(std::iter::repeat_n(b']', n));
+        data.extend(b"e.");
+        let err = parse(&data).expect_err("over the budget");
+        let PickleError::TooManyValues { offset, budget, .. } = err else {
+            panic!("{err}");
+        };
+        assert_eq!(
+            budget,
+            MIN_BUDGET.max(data.len() as u64 * BYTES_PER_INPUT_BYTE)
+        );
+        // 48 counted bytes per empty list: the budget is met about a fifth of the way in.
+        assert!(offset > 4 && offset < data.len() as u64 / 3, "{offset}");
     }
 }

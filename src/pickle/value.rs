@@ -3,6 +3,8 @@
 //! Containers live in the arena and are referenced by id, so a value memoized once and referenced
 //! 50,000 times (`BINGET`) is 50,000 copies of a 16-byte `Value`, never 50,000 deep copies.
 
+use std::hash::BuildHasher;
+
 use rustc_hash::FxHashMap;
 
 /// Index of an interned string in [`Document::strings`].
@@ -55,38 +57,80 @@ impl Value {
     }
 }
 
-/// Strings interned by value: every distinct text is stored once.
-#[derive(Default, Debug)]
+/// Strings interned by value: every distinct text is stored once, back to back in one buffer
+/// (a table of a million short strings is three allocations, not two million).
+///
+/// Texts are found by a keyed hash (std's `RandomState`, fresh keys per table): an input cannot
+/// be made of texts that all land in one bucket, as it could with a fixed hash.
+#[derive(Debug)]
 pub struct StringTable {
-    texts: Vec<Box<str>>,
-    index: FxHashMap<Box<str>, StrId>,
+    buf: String,
+    /// Start of each text in `buf` (the next one's start, or `buf`'s end, is its end).
+    starts: Vec<usize>,
+    /// Hash of a text → the last text interned with that hash; `same_hash` chains the others.
+    by_hash: FxHashMap<u64, u32>,
+    same_hash: Vec<u32>,
+    keys: std::collections::hash_map::RandomState,
 }
+
+impl Default for StringTable {
+    fn default() -> Self {
+        StringTable {
+            buf: String::new(),
+            starts: Vec::new(),
+            by_hash: FxHashMap::default(),
+            same_hash: Vec::new(),
+            keys: std::collections::hash_map::RandomState::new(),
+        }
+    }
+}
+
+/// End of a `same_hash` chain.
+const NO_TEXT: u32 = u32::MAX;
 
 impl StringTable {
     pub fn intern(&mut self, text: &str) -> StrId {
-        if let Some(&id) = self.index.get(text) {
-            return id;
+        let hash = self.keys.hash_one(text);
+        let head = self.by_hash.get(&hash).copied().unwrap_or(NO_TEXT);
+        let mut at = head;
+        while at != NO_TEXT {
+            if self.get(StrId(at)) == text {
+                return StrId(at);
+            }
+            at = self.same_hash[at as usize];
         }
-        let id = StrId(self.texts.len() as u32);
-        self.texts.push(text.into());
-        self.index.insert(text.into(), id);
-        id
+        let id = self.starts.len() as u32;
+        self.starts.push(self.buf.len());
+        self.buf.push_str(text);
+        self.same_hash.push(head);
+        self.by_hash.insert(hash, id);
+        StrId(id)
     }
 
     pub fn get(&self, id: StrId) -> &str {
-        &self.texts[id.0 as usize]
+        let i = id.0 as usize;
+        let start = self.starts[i];
+        let end = self.starts.get(i + 1).copied().unwrap_or(self.buf.len());
+        &self.buf[start..end]
     }
 
     pub fn lookup(&self, text: &str) -> Option<StrId> {
-        self.index.get(text).copied()
+        let mut at = *self.by_hash.get(&self.keys.hash_one(text))?;
+        while at != NO_TEXT {
+            if self.get(StrId(at)) == text {
+                return Some(StrId(at));
+            }
+            at = self.same_hash[at as usize];
+        }
+        None
     }
 
     pub fn len(&self) -> usize {
-        self.texts.len()
+        self.starts.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.texts.is_empty()
+        self.starts.is_empty()
     }
 }
 

@@ -100,7 +100,7 @@ fn load_inner(
         match read_in_order(data, &plan, release, peek, done, threads == 2) {
             Ok(read) => Some(read),
             Err(InOrderFail::Retry) => None,
-            Err(InOrderFail::TooDeep) => return Err(Fail::Unsupported),
+            Err(InOrderFail::SequentialOnly) => return Err(Fail::Unsupported),
         }
     } else {
         None
@@ -371,8 +371,8 @@ fn read_in_order<'a>(
         (first(), Ok(Vec::new()))
     };
     let fail = || {
-        if ctx.too_deep.load(Ordering::Relaxed) {
-            InOrderFail::TooDeep
+        if ctx.sequential_only.load(Ordering::Relaxed) {
+            InOrderFail::SequentialOnly
         } else {
             InOrderFail::Retry
         }
@@ -390,9 +390,9 @@ fn read_in_order<'a>(
 enum InOrderFail {
     /// Something the parallel walk words (a cut, STOP early, counts that disagree).
     Retry,
-    /// A chunk nests deeper than the machines follow: the parallel walk would fail the same
-    /// way, so the sequential reader takes the input at once.
-    TooDeep,
+    /// A chunk holds what the machines are not made for (see `Ctx::sequential_only`): the
+    /// parallel walk would fail the same way, so the sequential reader takes the input at once.
+    SequentialOnly,
 }
 
 impl From<Unsupported> for InOrderFail {

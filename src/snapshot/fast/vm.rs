@@ -234,10 +234,12 @@ pub struct Ctx<'a> {
     /// into it is answered in O(1) (walking the chunk per reference made work grow with
     /// references × chunk size on real dumps, whose frame dicts are shared file-wide).
     sources: Vec<OnceLock<Box<[u32]>>>,
-    /// Set when a chunk nests deeper than the machines follow ([`MAX_DEPTH`], [`MAX_MARKS`]):
-    /// every other way through the chunks fails the same way, so the sequential reader takes
-    /// the input at once (a hostile input of a million nested lists was read three times).
-    pub too_deep: AtomicBool,
+    /// Set when a chunk holds what the machines are not made for: nesting deeper than they
+    /// follow ([`MAX_DEPTH`], [`MAX_MARKS`]) or more opcodes to run one by one than a snapshot
+    /// has ([`STEPPED_PER_BYTE`]). Every other way through the chunks fails the same way, so
+    /// the sequential reader takes the input at once (a million nested lists were read three
+    /// times; 10 MB of empty lists took 5 s and 800 MB in the machines' copies).
+    pub sequential_only: AtomicBool,
 }
 
 /// A chunk's memo counts not known yet.
@@ -266,13 +268,14 @@ impl<'a> Ctx<'a> {
             frame_headers,
             release,
             sources: chunks.iter().map(|_| OnceLock::new()).collect(),
-            too_deep: AtomicBool::new(false),
+            sequential_only: AtomicBool::new(false),
         }
     }
 
-    /// Notes that a chunk nests deeper than the machines follow; returns the error to give.
-    fn nests_too_deep(&self) -> Unsupported {
-        self.too_deep.store(true, Ordering::Relaxed);
+    /// Notes that a chunk holds what the machines are not made for (see `sequential_only`);
+    /// returns the error to give.
+    fn not_for_machines(&self) -> Unsupported {
+        self.sequential_only.store(true, Ordering::Relaxed);
         Unsupported
     }
 
@@ -875,6 +878,21 @@ impl<'a> Arena<'a> {
 /// Deepest nesting the copies between machines follow (the sequential reader takes deeper).
 const MAX_DEPTH: usize = 256;
 
+/// Opcodes a chunk's machine runs one by one: at most one per `STEPPED_PER_BYTE` bytes of the
+/// chunk, plus [`MIN_STEPPED`]. Snapshots' entries, segments, blocks and frames are read whole,
+/// so real dumps' chunks of a MiB run at most about 43,000 (snapgen's segments: 79,000 in its
+/// last 381 kB); every generic value and container costs at least one, so this bounds the
+/// machines' memory and copies on inputs made of tiny values.
+const STEPPED_PER_BYTE: usize = 4;
+const MIN_STEPPED: usize = 1 << 16;
+
+/// What a chunk's machine leaves for the stitch (each costs a copy there, and another into
+/// the document): at most one macro per `MACROS_PER_BYTE` bytes, plus [`MIN_MACROS`]. Real
+/// dumps leave at most about 7,200 per MiB chunk; a generic list spanning the chunks (10 MB
+/// of short strings) leaves one per item.
+const MACROS_PER_BYTE: usize = 32;
+const MIN_MACROS: usize = 1 << 13;
+
 /// Most MARKs a machine keeps open: each is a container being built, so more than the copies
 /// follow ([`MAX_DEPTH`]) would fail later anyway (real snapshots nest fewer than ten deep).
 const MAX_MARKS: usize = MAX_DEPTH;
@@ -1294,6 +1312,9 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn run_opcodes_counted(&mut self, start: usize, end: usize, stepped: &mut u64) -> R<bool> {
         let data = self.ctx.data;
         let data = &data[..end.min(data.len())];
+        let bytes = data.len().saturating_sub(start);
+        let most_stepped = (bytes / STEPPED_PER_BYTE + MIN_STEPPED) as u64;
+        let most_macros = bytes / MACROS_PER_BYTE + MIN_MACROS;
         let mut pos = start;
         while pos < data.len() {
             self.op_pos = pos;
@@ -1322,6 +1343,9 @@ impl<'a, 'c> Vm<'a, 'c> {
                 return Err(Unsupported);
             }
             *stepped += 1;
+            if *stepped > most_stepped || self.macros.len() > most_macros {
+                return Err(self.ctx.not_for_machines());
+            }
             self.step(code, &data[self.op_pos..pos])?;
         }
         Ok(false)
@@ -1908,7 +1932,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             op::FRAME | op::PROTO => {}
             op::MARK => {
                 if self.marks.len() >= MAX_MARKS {
-                    return Err(self.ctx.nests_too_deep());
+                    return Err(self.ctx.not_for_machines());
                 }
                 self.marks.push(self.stack.len())
             }
@@ -2480,7 +2504,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             if let Macro::Push(v) = m {
                 *v = match copier.copy(&mut out, *v, &mut |_, _| {}, 0) {
                     Ok(v) => v,
-                    Err(_) if copier.too_deep => return Err(self.ctx.nests_too_deep()),
+                    Err(_) if copier.too_deep => return Err(self.ctx.not_for_machines()),
                     Err(e) => return Err(e),
                 };
             }
