@@ -34,24 +34,26 @@ struct ValueSeed<'d> {
 
 impl ValueSeed<'_> {
     fn charge<E: de::Error>(&mut self, bytes: u64) -> Result<(), E> {
-        if self.budget.charge(bytes) {
-            Ok(())
-        } else {
+        self.budget.add(bytes);
+        self.check()
+    }
+
+    fn check<E: de::Error>(&self) -> Result<(), E> {
+        if self.budget.over() {
             Err(E::custom(format!(
                 "the values read so far take more than {} MiB ({BYTES_PER_INPUT_BYTE} bytes \
                  per input byte), far more than a memory snapshot of this size needs: the JSON \
                  is made of tiny containers or values",
                 self.budget.limit() >> 20
             )))
+        } else {
+            Ok(())
         }
     }
 
     fn str<E: de::Error>(&mut self, s: &str) -> Result<Value, E> {
-        let known = self.doc.strings.len();
-        let id = self.doc.strings.intern(s);
-        if self.doc.strings.len() > known {
-            self.charge(Budget::text(s.len()))?;
-        }
+        let id = self.budget.intern(&mut self.doc.strings, s);
+        self.check()?;
         Ok(Value::Str(id))
     }
 }
@@ -104,16 +106,12 @@ impl<'de> Visitor<'de> for ValueSeed<'_> {
     fn visit_seq<A: SeqAccess<'de>>(mut self, mut seq: A) -> Result<Value, A::Error> {
         self.charge(Budget::CONTAINER)?;
         let mut values = Vec::new();
-        loop {
+        while let Some(v) = seq.next_element_seed(ValueSeed {
+            doc: &mut *self.doc,
+            budget: &mut *self.budget,
+        })? {
             self.charge(Budget::VALUE)?;
-            let item = ValueSeed {
-                doc: &mut *self.doc,
-                budget: &mut *self.budget,
-            };
-            match seq.next_element_seed(item)? {
-                Some(v) => values.push(v),
-                None => break,
-            }
+            values.push(v);
         }
         self.doc.seqs.push(values);
         Ok(Value::List(SeqId(self.doc.seqs.len() as u32 - 1)))

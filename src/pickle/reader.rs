@@ -6,7 +6,7 @@
 //! opcode that caused it.
 
 use super::opcodes as op;
-use super::value::{DictId, Document, SeqId, Value};
+use super::value::{DictId, Document, SeqId, StrId, StringTable, Value};
 use super::PickleError;
 use rustc_hash::FxHashMap;
 
@@ -56,6 +56,16 @@ impl Budget {
         len as u64 + 96
     }
 
+    /// Interns `text` into `strings`, counting it when it is new there.
+    pub fn intern(&mut self, strings: &mut StringTable, text: &str) -> StrId {
+        let known = strings.len();
+        let id = strings.intern(text);
+        if strings.len() > known {
+            self.add(Budget::text(text.len()));
+        }
+        id
+    }
+
     /// Counts `bytes` more (checked by [`Budget::over`]).
     pub fn add(&mut self, bytes: u64) {
         self.held = self.held.saturating_add(bytes);
@@ -63,12 +73,6 @@ impl Budget {
 
     pub fn over(&self) -> bool {
         self.held > self.limit
-    }
-
-    /// Counts `bytes` more; `false` once over the limit.
-    pub fn charge(&mut self, bytes: u64) -> bool {
-        self.add(bytes);
-        !self.over()
     }
 
     pub fn limit(&self) -> u64 {
@@ -301,13 +305,12 @@ impl<'a> Machine<'a> {
     }
 
     fn push_str(&mut self, raw: &[u8]) -> Result<(), PickleError> {
-        let known = self.doc.strings.len();
         let id = match std::str::from_utf8(raw) {
-            Ok(s) => self.doc.strings.intern(s),
+            Ok(s) => self.budget.intern(&mut self.doc.strings, s),
             Err(_) if is_surrogate_escaped(raw) => {
                 // CPython writes lone surrogates with "surrogatepass"; keep the text readable.
                 let s = String::from_utf8_lossy(raw);
-                self.doc.strings.intern(&s)
+                self.budget.intern(&mut self.doc.strings, &s)
             }
             Err(e) => {
                 return Err(self.err(format!(
@@ -316,9 +319,6 @@ impl<'a> Machine<'a> {
                 )))
             }
         };
-        if self.doc.strings.len() > known {
-            self.budget.add(Budget::text(raw.len()));
-        }
         self.push(Value::Str(id));
         Ok(())
     }
@@ -638,11 +638,7 @@ impl<'a> Machine<'a> {
                     let line = self.line()?;
                     let text = decode_raw_unicode_escape(line)
                         .ok_or_else(|| self.err("UNICODE opcode with a malformed escape"))?;
-                    let known = self.doc.strings.len();
-                    let id = self.doc.strings.intern(&text);
-                    if self.doc.strings.len() > known {
-                        self.budget.add(Budget::text(text.len()));
-                    }
+                    let id = self.budget.intern(&mut self.doc.strings, &text);
                     self.push(Value::Str(id));
                 }
                 op::SHORT_BINSTRING => {

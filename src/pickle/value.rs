@@ -92,12 +92,8 @@ impl StringTable {
     pub fn intern(&mut self, text: &str) -> StrId {
         let hash = self.keys.hash_one(text);
         let head = self.by_hash.get(&hash).copied().unwrap_or(NO_TEXT);
-        let mut at = head;
-        while at != NO_TEXT {
-            if self.get(StrId(at)) == text {
-                return StrId(at);
-            }
-            at = self.same_hash[at as usize];
+        if let Some(id) = self.find(head, text) {
+            return id;
         }
         let id = self.starts.len() as u32;
         self.starts.push(self.buf.len());
@@ -115,7 +111,11 @@ impl StringTable {
     }
 
     pub fn lookup(&self, text: &str) -> Option<StrId> {
-        let mut at = *self.by_hash.get(&self.keys.hash_one(text))?;
+        self.find(*self.by_hash.get(&self.keys.hash_one(text))?, text)
+    }
+
+    /// `text` in the `same_hash` chain that starts at `at`.
+    fn find(&self, mut at: u32, text: &str) -> Option<StrId> {
         while at != NO_TEXT {
             if self.get(StrId(at)) == text {
                 return Some(StrId(at));
