@@ -168,6 +168,97 @@ pub enum Source {
     None,
 }
 
+impl Source {
+    /// Every source, in declaration order (`Source::ALL[s as usize] == s`).
+    pub const ALL: [Source; 6] = [
+        Source::Annotation,
+        Source::UserMetadata,
+        Source::Frames,
+        Source::Position,
+        Source::StepPosition,
+        Source::None,
+    ];
+}
+
+/// The phase and source of each event in one byte (a long trace has millions of events): the
+/// phase in bits 0-2, the source in bits 3-5. [`find_phases`] marks events in the top two bits
+/// while it works (no tables of its own as long as the trace).
+#[derive(Clone, Debug, Default)]
+pub struct PerEvent(Vec<u8>);
+
+const SOURCE_SHIFT: u32 = 3;
+const PHASE_AND_SOURCE: u8 = 0b11_1111;
+/// In an annotated range (set by [`find_phases`], cleared before it returns).
+const IN_RANGE: u8 = 0x40;
+/// Took its phase from the evidence before it (as above).
+const FILLED: u8 = 0x80;
+
+fn pack(p: Phase, s: Source) -> u8 {
+    p as u8 | (s as u8) << SOURCE_SHIFT
+}
+
+fn phase_of_byte(b: u8) -> Phase {
+    Phase::ALL[(b & 0b111) as usize]
+}
+
+fn source_of_byte(b: u8) -> Source {
+    Source::ALL[((b & PHASE_AND_SOURCE) >> SOURCE_SHIFT) as usize]
+}
+
+/// Sets phase and source in a byte of [`PerEvent`], keeping its marks.
+fn set_byte(b: &mut u8, p: Phase, s: Source) {
+    *b = (*b & !PHASE_AND_SOURCE) | pack(p, s);
+}
+
+impl PerEvent {
+    /// `n` events of unknown phase, no evidence.
+    fn new(n: usize) -> PerEvent {
+        PerEvent(vec![pack(Phase::Unknown, Source::None); n])
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn phase(&self, i: usize) -> Phase {
+        phase_of_byte(self.0[i])
+    }
+
+    pub fn source(&self, i: usize) -> Source {
+        source_of_byte(self.0[i])
+    }
+
+    pub fn get(&self, i: usize) -> Option<(Phase, Source)> {
+        self.0
+            .get(i)
+            .map(|&b| (phase_of_byte(b), source_of_byte(b)))
+    }
+
+    fn set(&mut self, i: usize, p: Phase, s: Source) {
+        set_byte(&mut self.0[i], p, s);
+    }
+
+    /// Phase and source of each event, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (Phase, Source)> + '_ {
+        self.0
+            .iter()
+            .map(|&b| (phase_of_byte(b), source_of_byte(b)))
+    }
+
+    /// The sources of events `range` (none when it reaches past the end).
+    pub fn sources(
+        &self,
+        range: std::ops::RangeInclusive<usize>,
+    ) -> impl Iterator<Item = Source> + '_ {
+        let bytes = self.0.get(range).unwrap_or(&[]);
+        bytes.iter().map(|&b| source_of_byte(b))
+    }
+}
+
 /// A run of consecutive events in one phase.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhaseInterval {
@@ -182,9 +273,8 @@ pub struct PhaseInterval {
 /// Per-event phases of one device trace.
 #[derive(Clone, Debug, Default)]
 pub struct Phases {
-    /// Phase of each event (same length as the trace).
-    pub per_event: Vec<Phase>,
-    pub source_per_event: Vec<Source>,
+    /// Phase and source of each event (same length as the trace).
+    pub per_event: PerEvent,
     pub intervals: Vec<PhaseInterval>,
     /// Why phases could not be found, when they could not.
     pub unknown_reason: Option<String>,
@@ -222,8 +312,7 @@ impl Phases {
             Some(e) => self
                 .per_event
                 .get(e as usize)
-                .copied()
-                .unwrap_or(Phase::Unknown),
+                .map_or(Phase::Unknown, |(p, _)| p),
             None => Phase::Unknown,
         }
     }
@@ -231,10 +320,9 @@ impl Phases {
     pub fn source_at(&self, event: Option<u32>) -> Source {
         match event {
             Some(e) => self
-                .source_per_event
+                .per_event
                 .get(e as usize)
-                .copied()
-                .unwrap_or(Source::None),
+                .map_or(Source::None, |(_, s)| s),
             None => Source::None,
         }
     }
@@ -515,8 +603,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     let ranges = annotated_ranges(snapshot, device);
     // Evidence per event, written in place (`Source::None`: no evidence yet); the events
     // without any take their phase from the evidence before them at the end.
-    let mut per_event: Vec<Phase> = vec![Phase::Unknown; trace.len()];
-    let mut source_per_event: Vec<Source> = vec![Source::None; trace.len()];
+    let mut per_event = PerEvent::new(trace.len());
     // Read once: the evidence and the trace are cut alike.
     let piece = piece_entries();
     // Annotated time ranges cover every event inside them, frees included. A cursor over the
@@ -549,11 +636,11 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             })
             .collect();
         per_event
+            .0
             .par_chunks_mut(piece)
-            .zip(source_per_event.par_chunks_mut(piece))
             .zip(trace.pieces(piece))
             .zip(starts)
-            .for_each(|(((phases, sources), p), start_time)| {
+            .for_each(|((events, p), start_time)| {
                 let first = p.start;
                 let mut range_idx = start_time.map_or(0, |t| advance(0, t));
                 trace.for_each_time(p, |i, t| {
@@ -561,17 +648,13 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                     range_idx = advance(range_idx, t);
                     if let Some(&(start, end, _)) = ranges.get(range_idx) {
                         if start <= t && t <= end {
-                            phases[i - first] = Phase::Optimizer;
-                            sources[i - first] = Source::Annotation;
+                            events[i - first] =
+                                pack(Phase::Optimizer, Source::Annotation) | IN_RANGE;
                         }
                     }
                 });
             });
     }
-    let in_range: Vec<bool> = source_per_event
-        .iter()
-        .map(|&s| s == Source::Annotation)
-        .collect();
     // Metadata and frames say something of each event alone: on every core, with the phase of
     // each stack found once (benign races: two threads may both work it out).
     let stack_phases = PerStack::new(interner);
@@ -584,10 +667,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             .map(|k| Phase::ALL[k as usize])
     };
     per_event
+        .0
         .par_chunks_mut(piece)
-        .zip(source_per_event.par_chunks_mut(piece))
         .zip(trace.pieces(piece))
-        .for_each(|((phases, sources), piece)| {
+        .for_each(|(events, piece)| {
             let start = piece.start;
             // Metadata, frames and position override an annotation: Lightning runs forward and
             // backward inside the `Optimizer.step` range.
@@ -597,8 +680,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                     .user_metadata
                     .and_then(|m| phase_from_metadata(interner.get_text(m)))
                 {
-                    phases[k] = p;
-                    sources[k] = Source::UserMetadata;
+                    set_byte(&mut events[k], p, Source::UserMetadata);
                     return;
                 }
                 if !matches!(
@@ -621,8 +703,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
                     None => None,
                 };
                 if let Some((p, s)) = evidence {
-                    phases[k] = p;
-                    sources[k] = s;
+                    set_byte(&mut events[k], p, s);
                 }
             });
         });
@@ -634,8 +715,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     let seen = |phase: Phase, sources: &[Source]| {
         per_event
             .iter()
-            .zip(&source_per_event)
-            .any(|(&p, s)| p == phase && sources.contains(s))
+            .any(|(p, s)| p == phase && sources.contains(&s))
     };
     let inference = seen(Phase::Eval, &[Source::Frames, Source::UserMetadata])
         && !seen(Phase::Backward, &[Source::Frames, Source::UserMetadata])
@@ -644,10 +724,10 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             &[Source::Frames, Source::UserMetadata, Source::Annotation],
         );
     if inference {
-        for (p, s) in per_event.iter_mut().zip(source_per_event.iter_mut()) {
-            match (*p, *s) {
-                (Phase::Forward, _) => *p = Phase::Eval,
-                (Phase::Backward, Source::Position) => (*p, *s) = (Phase::Unknown, Source::None),
+        for b in per_event.0.iter_mut() {
+            match (phase_of_byte(*b), source_of_byte(*b)) {
+                (Phase::Forward, s) => set_byte(b, Phase::Eval, s),
+                (Phase::Backward, Source::Position) => set_byte(b, Phase::Unknown, Source::None),
                 _ => {}
             }
         }
@@ -656,24 +736,23 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // An annotated run of events that holds evidence of its own (Lightning's forward and
     // backward inside `Optimizer.step`) is read from that evidence alone: its frees take the
     // phase around them, not the annotation's.
+    let in_range = |b: u8| b & IN_RANGE != 0;
+    let n = per_event.len();
     let mut run_start = 0;
-    while run_start < in_range.len() {
-        if !in_range[run_start] {
+    while run_start < n {
+        if !in_range(per_event.0[run_start]) {
             run_start += 1;
             continue;
         }
-        let run_end = in_range[run_start..]
+        let run_end = per_event.0[run_start..]
             .iter()
-            .position(|&r| !r)
-            .map_or(in_range.len(), |k| run_start + k);
-        let run = run_start..run_end;
-        if source_per_event[run.clone()]
-            .iter()
-            .any(|&s| s != Source::Annotation)
-        {
-            for i in run {
-                if source_per_event[i] == Source::Annotation {
-                    (per_event[i], source_per_event[i]) = (Phase::Unknown, Source::None);
+            .position(|&b| !in_range(b))
+            .map_or(n, |k| run_start + k);
+        let run = &mut per_event.0[run_start..run_end];
+        if run.iter().any(|&b| source_of_byte(b) != Source::Annotation) {
+            for b in run {
+                if source_of_byte(*b) == Source::Annotation {
+                    set_byte(b, Phase::Unknown, Source::None);
                 }
             }
         }
@@ -685,33 +764,36 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // evidence instead, and stay unknown when that is an annotation too. Events before the
     // first evidence take the first one.
     let mut last: Option<(Phase, Source)> = None;
-    let mut filled = vec![false; per_event.len()];
-    for i in 0..per_event.len() {
-        if source_per_event[i] != Source::None && !filled[i] {
-            last = Some((per_event[i], source_per_event[i]));
+    for b in per_event.0.iter_mut() {
+        let s = source_of_byte(*b);
+        if s != Source::None && *b & FILLED == 0 {
+            last = Some((phase_of_byte(*b), s));
             continue;
         }
         if let Some((p, s)) = last.filter(|(_, s)| *s != Source::Annotation) {
-            (per_event[i], source_per_event[i], filled[i]) = (p, s, true);
+            set_byte(b, p, s);
+            *b |= FILLED;
         }
     }
     let mut next: Option<(Phase, Source)> = None;
-    for i in (0..per_event.len()).rev() {
-        if source_per_event[i] != Source::None {
-            if !filled[i] {
-                next = Some((per_event[i], source_per_event[i]));
+    for b in per_event.0.iter_mut().rev() {
+        let s = source_of_byte(*b);
+        if s != Source::None {
+            if *b & FILLED == 0 {
+                next = Some((phase_of_byte(*b), s));
             }
             continue;
         }
         match next.filter(|(_, s)| *s != Source::Annotation) {
-            Some((p, s)) => (per_event[i], source_per_event[i]) = (p, s),
-            None => per_event[i] = Phase::Unknown,
+            Some((p, s)) => set_byte(b, p, s),
+            None => set_byte(b, Phase::Unknown, s),
         }
     }
-    let first = source_per_event
-        .iter()
-        .position(|&s| s != Source::None)
-        .map(|i| (per_event[i], source_per_event[i]));
+    // The marks are find_phases' own.
+    for b in per_event.0.iter_mut() {
+        *b &= PHASE_AND_SOURCE;
+    }
+    let first = per_event.iter().find(|&(_, s)| s != Source::None);
 
     let step_ends: Vec<i64> = ranges.iter().filter(|r| r.2).map(|r| r.1).collect();
     let unknown_reason = if trace.is_empty() {
@@ -724,7 +806,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
              record with torch.cuda.memory._record_memory_history(stacks=\"python\") to get phases"
                 .to_owned()
         })
-    } else if !has_stacks && per_event.contains(&Phase::Unknown) {
+    } else if !has_stacks && per_event.iter().any(|(p, _)| p == Phase::Unknown) {
         // Only the optimizer's annotated ranges: the rest of each step is forward or backward,
         // and nothing in the trace tells which.
         Some(NO_STACKS_BETWEEN_RANGES.to_owned())
@@ -733,7 +815,6 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     };
     let mut phases = Phases {
         per_event,
-        source_per_event,
         intervals: Vec::new(),
         unknown_reason,
         stack_phases,
@@ -761,12 +842,7 @@ impl Phases {
         let mut step: Option<u32> = None;
         let mut last_training: Option<Phase> = None;
         let mut steps_done: u32 = 0;
-        for (i, (&p, &s)) in self
-            .per_event
-            .iter()
-            .zip(&self.source_per_event)
-            .enumerate()
-        {
+        for (i, (p, s)) in self.per_event.iter().enumerate() {
             if let Some(last) = intervals.last_mut() {
                 if last.name == p {
                     last.last_event = i as u32;
@@ -818,10 +894,10 @@ impl Phases {
     /// OOM) is read against the finished ones, and left unknown near their turning point. Low
     /// confidence throughout: nothing in the trace names the phase.
     pub fn fill_by_step_position(&mut self, trace: &Trace, requested: &Curve) {
-        if self.step_ends.is_empty() || !self.source_per_event.contains(&Source::None) {
+        if self.step_ends.is_empty() || !self.per_event.iter().any(|(_, s)| s == Source::None) {
             return;
         }
-        let annotated = |i: usize| self.source_per_event[i] == Source::Annotation;
+        let annotated = |i: usize| self.per_event.source(i) == Source::Annotation;
         let is_request = |i: usize| {
             trace
                 .get(i)
@@ -895,9 +971,8 @@ impl Phases {
                 } else {
                     continue;
                 };
-                if self.source_per_event[k] == Source::None {
-                    self.per_event[k] = p;
-                    self.source_per_event[k] = Source::StepPosition;
+                if self.per_event.source(k) == Source::None {
+                    self.per_event.set(k, p, Source::StepPosition);
                     claimed = true;
                 }
             }

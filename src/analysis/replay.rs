@@ -4,11 +4,12 @@
 //! Lifetime = from `alloc` to `free_completed` (MemoryViz's definition): a block is unusable and
 //! still counts between `free_requested` and `free_completed`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use rustc_hash::FxHashMap;
 
-use crate::snapshot::{Action, BlockState, Snapshot, StackId, Trace, TraceEntry, TraceIter};
+use crate::snapshot::{Action, Block, BlockState, Snapshot, StackId, Trace, TraceEntry, TraceIter};
 
 /// Where an allocation's record comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,8 +100,21 @@ pub struct Allocations {
     events: Vec<[u32; 3]>,
     /// Block bytes from the dump, by allocation index (survivors only).
     exact: FxHashMap<u32, u64>,
-    ghosts: Vec<Allocation>,
+    ghosts: Vec<Ghost>,
+    /// The streams of the ghosts' segments (few: a ghost keeps an index).
+    ghost_streams: Vec<u64>,
     full: OnceLock<Vec<Allocation>>,
+}
+
+/// An allocation only the dump knows, in 32 bytes (an [`Allocation`] takes 72: a big dump
+/// has tens of thousands).
+#[derive(Clone, Copy, Debug)]
+struct Ghost {
+    address: u64,
+    requested_bytes: u64,
+    block_bytes: u64,
+    stack: StackId,
+    stream: u32,
 }
 
 impl Allocations {
@@ -110,6 +124,37 @@ impl Allocations {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    fn ghost(&self, g: &Ghost) -> Allocation {
+        Allocation {
+            address: g.address,
+            requested_bytes: g.requested_bytes,
+            block_bytes: g.block_bytes,
+            block_bytes_exact: true,
+            alloc_event: None,
+            free_requested_event: None,
+            free_event: None,
+            stack: g.stack,
+            stream: self.ghost_streams[g.stream as usize],
+            origin: Origin::Ghost,
+        }
+    }
+
+    /// Adds a ghost; `stream_ids` numbers the streams seen so far (keyed by std's hash: a
+    /// crafted dump may give every segment a stream of its own).
+    fn push_ghost(&mut self, b: &Block, stream: u64, stream_ids: &mut HashMap<u64, u32>) {
+        let stream = *stream_ids.entry(stream).or_insert_with(|| {
+            self.ghost_streams.push(stream);
+            (self.ghost_streams.len() - 1) as u32
+        });
+        self.ghosts.push(Ghost {
+            address: b.address,
+            requested_bytes: b.requested_size,
+            block_bytes: b.size,
+            stack: b.frames,
+            stream,
+        });
     }
 
     fn build(&self, i: usize, entry: TraceEntry) -> Allocation {
@@ -149,7 +194,9 @@ impl Allocations {
             let entry = self.trace.get(self.source(i))?;
             Some(self.build(i, entry))
         } else {
-            self.ghosts.get(i - self.events.len()).copied()
+            self.ghosts
+                .get(i - self.events.len())
+                .map(|g| self.ghost(g))
         }
     }
 
@@ -159,7 +206,7 @@ impl Allocations {
         let mut entries = EntryCursor::new(&self.trace);
         let traced = (0..self.events.len())
             .filter_map(move |i| Some(self.build(i, entries.at(self.source(i))?)));
-        traced.chain(self.ghosts.iter().copied())
+        traced.chain(self.ghosts())
     }
 
     /// The allocations made in the window, in order of birth: what the categorizer reads of
@@ -186,8 +233,8 @@ impl Allocations {
     }
 
     /// The allocations only the dump knows (before the window, no trace event).
-    pub fn ghosts(&self) -> &[Allocation] {
-        &self.ghosts
+    pub fn ghosts(&self) -> impl Iterator<Item = Allocation> + '_ {
+        self.ghosts.iter().map(|g| self.ghost(g))
     }
 
     /// Allocations alive after `event` (`None` = window start), by value.
@@ -198,11 +245,7 @@ impl Allocations {
             .enumerate()
             .filter(move |(_, ev)| alive(ev[0], ev[2], event))
             .filter_map(|(i, _)| self.get(i));
-        let ghosts = self
-            .ghosts
-            .iter()
-            .filter(move |a| a.alive_after(event))
-            .copied();
+        let ghosts = self.ghosts().filter(move |a| a.alive_after(event));
         traced.chain(ghosts)
     }
 
@@ -932,6 +975,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     });
 
     // The dump's block table: exact sizes for survivors, and ghosts for blocks never traced.
+    let mut ghost_streams = HashMap::new();
     for seg in snapshot.segments_of(device) {
         for b in &seg.blocks {
             if !b.state.is_active() {
@@ -957,18 +1001,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     window.ghosts += 1;
                     requested_start = requested_start.saturating_add(signed(b.requested_size));
                     allocated_start = allocated_start.saturating_add(signed(b.size));
-                    allocs.ghosts.push(Allocation {
-                        address: b.address,
-                        requested_bytes: b.requested_size,
-                        block_bytes: b.size,
-                        block_bytes_exact: true,
-                        alloc_event: None,
-                        free_requested_event: None,
-                        free_event: None,
-                        stack: b.frames,
-                        stream: seg.stream,
-                        origin: Origin::Ghost,
-                    });
+                    allocs.push_ghost(b, seg.stream, &mut ghost_streams);
                 }
                 _ => {
                     window.uncounted_pending_blocks += 1;

@@ -714,14 +714,12 @@ fn phase_band(
                 let _ = write!(head, ", step {s}");
             }
             let mut sources: Vec<Source> = Vec::new();
-            if let Some(all) = phases
-                .source_per_event
-                .get(iv.first_event as usize..=iv.last_event as usize)
+            for s in phases
+                .per_event
+                .sources(iv.first_event as usize..=iv.last_event as usize)
             {
-                for s in all {
-                    if !sources.contains(s) {
-                        sources.push(*s);
-                    }
+                if !sources.contains(&s) {
+                    sources.push(s);
                 }
             }
             if sources.is_empty() {
