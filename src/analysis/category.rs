@@ -105,7 +105,7 @@ pub struct Categorizer<'a> {
     /// The frameless blocks from before the window, still allocated at the dump, form a model's
     /// parameter shapes ([`parameter_shaped`]).
     pub frameless_are_parameters: bool,
-    /// Allocation events of the members of KV-cache growth chains ([`growth_chains`]).
+    /// Allocation events of the members of KV-cache growth chains ([`GrowthChains`]).
     pub kv_growth: FxHashSet<u32>,
     /// Sizes the optimizer keeps state of (state born in an optimizer step and never freed),
     /// with how many blocks of each.
@@ -122,7 +122,7 @@ impl<'a> Categorizer<'a> {
         let mut frameless_ghosts = Vec::new();
         let mut optimizer_state_sizes: FxHashMap<u64, u32> = FxHashMap::default();
         // One walk over the allocations (millions in a long trace) for every rule below.
-        let mut growth_nodes = Vec::new();
+        let mut growth = GrowthChains::default();
         for a in replay.allocations.ghosts() {
             if a.stack == StackId::EMPTY {
                 frameless_ghosts.push(a.requested_bytes);
@@ -135,7 +135,7 @@ impl<'a> Categorizer<'a> {
                     *optimizer_state_sizes.entry(a.requested_bytes).or_default() += 1;
                 }
                 // Where KV caches grow (outside backward, optimizer and loading).
-                Phase::Forward | Phase::Eval | Phase::Unknown => growth_nodes.push(GrowthNode {
+                Phase::Forward | Phase::Eval | Phase::Unknown => growth.add(GrowthNode {
                     born,
                     freed: a.free_requested_event.or(a.free_event).unwrap_or(NO_EVENT),
                     bytes: a.requested_bytes,
@@ -152,7 +152,7 @@ impl<'a> Categorizer<'a> {
             stacks: snapshot.has_stacks(),
             stack_categories: PerStack::new(&snapshot.interner),
             frameless_are_parameters: parameter_shaped(&frameless_ghosts),
-            kv_growth: growth_chains(growth_nodes),
+            kv_growth: growth.finish(),
             optimizer_state_sizes,
         }
     }
@@ -529,10 +529,11 @@ fn gcd(a: u64, b: u64) -> u64 {
     }
 }
 
-/// An allocation made where KV caches grow, for [`growth_chains`].
+/// An allocation made where KV caches grow, for [`GrowthChains`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct GrowthNode {
     born: u32,
-    /// `NO_EVENT`: never freed (a trace has hundreds of thousands of nodes: kept small).
+    /// `NO_EVENT`: never freed.
     freed: u32,
     stack: StackId,
     bytes: u64,
@@ -540,76 +541,181 @@ struct GrowthNode {
 }
 
 const NO_EVENT: u32 = u32::MAX;
+/// How many events before the old tensor's free its replacement may be allocated.
+const REPLACED_WITHIN: u32 = 4;
 
 /// The allocation events of KV caches grown by concatenation: at every decode step each
 /// layer's cache is replaced by a copy one token longer (`torch.cat`), allocated just before
 /// the old one is freed. A chain of three or more such replacements from one stack and stream,
 /// growing by the same number of bytes each time, side by side with at least one other chain of
 /// the same sizes (keys and values, layers), outside backward, optimizer and loading.
-fn growth_chains(mut nodes: Vec<GrowthNode>) -> FxHashSet<u32> {
-    /// How many events before the old tensor's free its replacement may be allocated.
-    const REPLACED_WITHIN: u32 = 4;
-    // By birth (the allocations come in the order of their first event, so this is a check):
-    // a node born at an event is found by binary search, with no map as large as the trace.
-    // Births are distinct events, so an unstable sort gives the same order (and no buffer).
-    if !nodes.is_sorted_by_key(|n| n.born) {
-        nodes.sort_unstable_by_key(|n| n.born);
-    }
-    // The replacement of each node (`NO_EVENT`: none), and whether a node replaces another.
-    let mut next: Vec<u32> = vec![NO_EVENT; nodes.len()];
-    let mut replaces = vec![false; nodes.len()];
-    for (i, x) in nodes.iter().enumerate() {
-        if x.freed == NO_EVENT {
-            continue;
+///
+/// Read in one pass over the nodes in order of birth, holding only the nodes not yet freed and
+/// the replacements found (a trace has hundreds of thousands of nodes): a node's replacement is
+/// the latest node born in the `REPLACED_WITHIN` events before its free that is larger, from
+/// the same stack and stream; when several nodes pick one, the earliest born keeps it.
+#[derive(Default)]
+struct GrowthChains {
+    /// The last nodes born (at most `REPLACED_WITHIN`: births are distinct events), oldest
+    /// first.
+    recent: std::collections::VecDeque<GrowthNode>,
+    /// Nodes waiting for their free, earliest free first.
+    waiting: std::collections::BinaryHeap<std::cmp::Reverse<(u32, GrowthNode)>>,
+    /// By the birth of a replacement: the birth and bytes of the node it replaces, and its own
+    /// bytes.
+    replaced: FxHashMap<u32, (u32, u64, u64)>,
+    last_born: Option<u32>,
+}
+
+impl GrowthChains {
+    /// The next node; nodes come in order of birth.
+    fn add(&mut self, node: GrowthNode) {
+        debug_assert!(self.last_born < Some(node.born));
+        self.last_born = Some(node.born);
+        // Nodes freed by now: every node born before their free has come.
+        self.resolve_freed_by(node.born);
+        if self.recent.len() == REPLACED_WITHIN as usize {
+            self.recent.pop_front();
         }
-        let f = x.freed;
-        let lo = nodes.partition_point(|n| n.born < f.saturating_sub(REPLACED_WITHIN));
-        // Births are distinct events: at most REPLACED_WITHIN nodes lie before `f`.
-        let hi = (lo..nodes.len().min(lo + REPLACED_WITHIN as usize))
-            .find(|&j| nodes[j].born >= f)
-            .unwrap_or(nodes.len().min(lo + REPLACED_WITHIN as usize));
-        let replacement = (lo..hi).rev().find(|&j| {
-            let y = &nodes[j];
-            y.born > x.born && y.bytes > x.bytes && y.stack == x.stack && y.stream == x.stream
-        });
-        if let Some(j) = replacement {
-            if !replaces[j] {
-                next[i] = j as u32;
-                replaces[j] = true;
+        self.recent.push_back(node);
+        if node.freed != NO_EVENT {
+            self.waiting.push(std::cmp::Reverse((node.freed, node)));
+        }
+    }
+
+    /// Finds the replacements of the waiting nodes freed at or before `event`.
+    fn resolve_freed_by(&mut self, event: u32) {
+        while let Some(&std::cmp::Reverse((freed, x))) = self.waiting.peek() {
+            if freed > event {
+                break;
+            }
+            self.waiting.pop();
+            let earliest = freed.saturating_sub(REPLACED_WITHIN);
+            let replacement = self.recent.iter().rev().find(|y| {
+                (earliest..freed).contains(&y.born)
+                    && y.born > x.born
+                    && y.bytes > x.bytes
+                    && y.stack == x.stack
+                    && y.stream == x.stream
+            });
+            if let Some(y) = replacement {
+                let claim = self
+                    .replaced
+                    .entry(y.born)
+                    .or_insert((x.born, x.bytes, y.bytes));
+                if x.born < claim.0 {
+                    *claim = (x.born, x.bytes, y.bytes);
+                }
             }
         }
     }
-    // Chains from their first member, with constant growth; grouped by their sizes.
-    let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
-    for start in (0..nodes.len()).filter(|&i| !replaces[i] && next[i] != NO_EVENT) {
-        let mut members = vec![start];
-        let mut at = start;
-        while next[at] != NO_EVENT {
-            let j = next[at] as usize;
-            members.push(j);
-            at = j;
+
+    fn finish(mut self) -> FxHashSet<u32> {
+        self.resolve_freed_by(NO_EVENT);
+        // Links from each replaced node to its replacement; sizes of every linked node.
+        let mut next: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut bytes: FxHashMap<u32, u64> = FxHashMap::default();
+        for (&y, &(x, x_bytes, y_bytes)) in &self.replaced {
+            next.insert(x, y);
+            bytes.insert(x, x_bytes);
+            bytes.insert(y, y_bytes);
         }
-        let sizes: Vec<u64> = members.iter().map(|&m| nodes[m].bytes).collect();
-        let step = sizes[1] - sizes[0];
-        if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
-            continue;
+        // Chains from their first member (replaced, replacing nothing), in order of birth,
+        // with constant growth; grouped by their sizes.
+        let mut starts: Vec<u32> = next
+            .keys()
+            .copied()
+            .filter(|x| !self.replaced.contains_key(x))
+            .collect();
+        starts.sort_unstable();
+        let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
+        for start in starts {
+            let mut members = vec![start];
+            let mut at = start;
+            // Replacements are born later: no cycles.
+            while let Some(&y) = next.get(&at) {
+                members.push(y);
+                at = y;
+            }
+            let sizes: Vec<u64> = members.iter().map(|m| bytes[m]).collect();
+            let step = sizes[1] - sizes[0];
+            if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
+                continue;
+            }
+            chains.entry(sizes).or_default().push(members);
         }
         chains
-            .entry(sizes)
-            .or_default()
-            .push(members.iter().map(|&m| nodes[m].born).collect());
+            .into_values()
+            .filter(|alike| alike.len() >= 2)
+            .flatten()
+            .flatten()
+            .collect()
     }
-    chains
-        .into_values()
-        .filter(|alike| alike.len() >= 2)
-        .flatten()
-        .flatten()
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The batch form [`GrowthChains`] replaced: all nodes at once, sorted by birth.
+    fn growth_chains_reference(mut nodes: Vec<GrowthNode>) -> FxHashSet<u32> {
+        // By birth (the allocations come in the order of their first event, so this is a check):
+        // a node born at an event is found by binary search, with no map as large as the trace.
+        // Births are distinct events, so an unstable sort gives the same order (and no buffer).
+        if !nodes.is_sorted_by_key(|n| n.born) {
+            nodes.sort_unstable_by_key(|n| n.born);
+        }
+        // The replacement of each node (`NO_EVENT`: none), and whether a node replaces another.
+        let mut next: Vec<u32> = vec![NO_EVENT; nodes.len()];
+        let mut replaces = vec![false; nodes.len()];
+        for (i, x) in nodes.iter().enumerate() {
+            if x.freed == NO_EVENT {
+                continue;
+            }
+            let f = x.freed;
+            let lo = nodes.partition_point(|n| n.born < f.saturating_sub(REPLACED_WITHIN));
+            // Births are distinct events: at most REPLACED_WITHIN nodes lie before `f`.
+            let hi = (lo..nodes.len().min(lo + REPLACED_WITHIN as usize))
+                .find(|&j| nodes[j].born >= f)
+                .unwrap_or(nodes.len().min(lo + REPLACED_WITHIN as usize));
+            let replacement = (lo..hi).rev().find(|&j| {
+                let y = &nodes[j];
+                y.born > x.born && y.bytes > x.bytes && y.stack == x.stack && y.stream == x.stream
+            });
+            if let Some(j) = replacement {
+                if !replaces[j] {
+                    next[i] = j as u32;
+                    replaces[j] = true;
+                }
+            }
+        }
+        // Chains from their first member, with constant growth; grouped by their sizes.
+        let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
+        for start in (0..nodes.len()).filter(|&i| !replaces[i] && next[i] != NO_EVENT) {
+            let mut members = vec![start];
+            let mut at = start;
+            while next[at] != NO_EVENT {
+                let j = next[at] as usize;
+                members.push(j);
+                at = j;
+            }
+            let sizes: Vec<u64> = members.iter().map(|&m| nodes[m].bytes).collect();
+            let step = sizes[1] - sizes[0];
+            if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
+                continue;
+            }
+            chains
+                .entry(sizes)
+                .or_default()
+                .push(members.iter().map(|&m| nodes[m].born).collect());
+        }
+        chains
+            .into_values()
+            .filter(|alike| alike.len() >= 2)
+            .flatten()
+            .flatten()
+            .collect()
+    }
 
     #[test]
     fn parameter_shapes_recur_in_layer_groups() {
@@ -640,5 +746,74 @@ mod tests {
         odd.extend([6553600; 66]);
         assert!(!parameter_shaped(&odd));
         assert!(!parameter_shaped(&[]));
+    }
+
+    /// Nodes like a decode loop's: `layers` caches per step replaced by a copy one token
+    /// longer, with other allocations (same stacks too) and frees mixed in by `seed`.
+    fn decode_like_nodes(seed: u64, layers: u32, steps: u32) -> Vec<GrowthNode> {
+        let mut state = seed;
+        let mut rand = move |n: u64| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        let mut nodes = Vec::new();
+        let mut event = 0u32;
+        // Per layer: the live cache (index into `nodes`).
+        let mut caches: Vec<Option<usize>> = vec![None; layers as usize];
+        for step in 0..steps {
+            for layer in 0..layers as usize {
+                event += 1 + rand(3) as u32;
+                let bytes = 4096 * (u64::from(step) + 1) + rand(2) * 4096 * u64::from(step > 5);
+                nodes.push(GrowthNode {
+                    born: event,
+                    freed: NO_EVENT,
+                    stack: StackId(1 + (layer % 2) as u32),
+                    bytes,
+                    stream: u64::from(rand(8) == 0),
+                });
+                let new = nodes.len() - 1;
+                if let Some(old) = caches[layer].replace(new) {
+                    event += 1 + rand(4) as u32;
+                    nodes[old].freed = event;
+                }
+                // Noise: a short-lived allocation, sometimes freed right away.
+                if rand(3) == 0 {
+                    event += 1;
+                    let freed = if rand(2) == 0 {
+                        event + 1 + rand(5) as u32
+                    } else {
+                        NO_EVENT
+                    };
+                    nodes.push(GrowthNode {
+                        born: event,
+                        freed,
+                        stack: StackId(1 + rand(3) as u32),
+                        bytes: 512 * (1 + rand(64)),
+                        stream: 0,
+                    });
+                    event += 1;
+                }
+            }
+        }
+        nodes
+    }
+
+    #[test]
+    fn growth_chains_in_one_pass_match_the_batch_form() {
+        let mut found = 0;
+        for seed in 0..300 {
+            let nodes = decode_like_nodes(seed, 1 + (seed % 5) as u32, 2 + (seed % 11) as u32);
+            let mut one_pass = GrowthChains::default();
+            for n in &nodes {
+                one_pass.add(*n);
+            }
+            let got = one_pass.finish();
+            assert_eq!(got, growth_chains_reference(nodes), "seed {seed}");
+            found += got.len();
+        }
+        // The generator makes chains (the comparison is not between two empty sets).
+        assert!(found > 500, "{found}");
     }
 }
