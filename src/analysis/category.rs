@@ -763,7 +763,7 @@ mod tests {
         // Per layer: the live cache (index into `nodes`).
         let mut caches: Vec<Option<usize>> = vec![None; layers as usize];
         for step in 0..steps {
-            for layer in 0..layers as usize {
+            for (layer, cache) in caches.iter_mut().enumerate() {
                 event += 1 + rand(3) as u32;
                 let bytes = 4096 * (u64::from(step) + 1) + rand(2) * 4096 * u64::from(step > 5);
                 nodes.push(GrowthNode {
@@ -774,7 +774,7 @@ mod tests {
                     stream: u64::from(rand(8) == 0),
                 });
                 let new = nodes.len() - 1;
-                if let Some(old) = caches[layer].replace(new) {
+                if let Some(old) = cache.replace(new) {
                     event += 1 + rand(4) as u32;
                     nodes[old].freed = event;
                 }
