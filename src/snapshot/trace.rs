@@ -1,10 +1,11 @@
-//! Compact storage of one device's trace: 20 bytes per entry instead of ~90 for a plain
+//! Compact storage of one device's trace: 16 bytes per entry instead of ~90 for a plain
 //! `Vec<TraceEntry>`. Entries are read back as [`TraceEntry`] values (`get`, `iter`, `range`).
 //!
-//! An entry keeps its address, its size (as u32, wider ones in a side table), its stack id, an
-//! index into a small table of the (action, stream, metadata) combinations of its part, and its
-//! time as a u32 offset from the part's first time (others in a side table). A trace is a list
-//! of parts: the parallel loader builds one part per chunk of the file and never copies them.
+//! An entry keeps its address, its size (as u32), its stack id (24 bits), an index into a small
+//! table of the (action, stream, metadata) combinations of its part (8 bits), and its time as a
+//! 24-bit offset from a time base of its part; what does not fit is in side tables. A trace is
+//! a list of parts: the parallel loader builds one part per chunk of the file and never copies
+//! them.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -14,9 +15,12 @@ use rustc_hash::FxHashMap;
 use super::intern::{StackId, TextId};
 use super::model::{Action, TraceEntry};
 
-const NO_TIME: u32 = u32::MAX;
-const WIDE_TIME: u32 = u32::MAX - 1;
+/// Time codes (24 bits): no time, and a time in `wide_times`; others are offsets (µs).
+const NO_TIME: u32 = (1 << 24) - 1;
+const WIDE_TIME: u32 = (1 << 24) - 2;
 const WIDE_SIZE: u32 = u32::MAX;
+/// The stack id (24 bits) is in `wide_stacks`.
+const WIDE_STACK: u32 = (1 << 24) - 1;
 
 /// What entries share: few distinct combinations per part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,22 +33,67 @@ pub(crate) struct Meta {
     pub has_device_free: bool,
 }
 
-/// One entry in 20 bytes (4-byte alignment). The address is kept as an offset in a 2^48-byte
-/// window around the part's first address (a device's addresses lie far closer together), and
-/// the offset's top 16 bits hold the metadata id; another address or id is in `wide_addrs`.
+/// One entry in 16 bytes (4-byte alignment; a long trace has millions). The address is kept
+/// as an offset in 256-byte units in a 2^48-byte window around the part's first address (a
+/// device's addresses lie far closer together, and the allocator's blocks start at multiples
+/// of 512); another address, or a metadata id past 8 bits, is in `wide_addrs`.
+///
+/// `addr_meta`: bits 0-39 the address offset, 40-47 the metadata id, 48-63 the stack id's low
+/// 16 bits. `stack_time`: bits 0-7 the stack id's bits 16-23, 8-31 the time code.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, packed(4))]
 pub(crate) struct Row {
     addr_meta: u64,
-    pub size: u32,
-    pub stack: u32,
-    pub time: u32,
+    size: u32,
+    stack_time: u32,
 }
 
 const ADDR_BITS: u32 = 48;
 const ADDR_MASK: u64 = (1 << ADDR_BITS) - 1;
-/// In `addr_meta`'s top bits: the address and metadata id are in the side table.
-const WIDE_META: u64 = 0xFFFF;
+/// Addresses are kept in units of 2^8 bytes.
+const ADDR_UNIT_BITS: u32 = 8;
+const ADDR_CODE_MASK: u64 = (1 << (ADDR_BITS - ADDR_UNIT_BITS)) - 1;
+const META_SHIFT: u32 = ADDR_BITS - ADDR_UNIT_BITS;
+/// In `addr_meta`'s metadata bits: the address and metadata id are in the side table.
+const WIDE_META: u64 = 0xFF;
+const STACK_LOW_SHIFT: u32 = 48;
+
+impl Row {
+    fn new(addr_meta: u64, size: u32, stack: u32, time: u32) -> Row {
+        let mut r = Row {
+            addr_meta,
+            size,
+            stack_time: time << 8,
+        };
+        r.set_stack_code(stack);
+        r
+    }
+
+    fn stack_code(&self) -> u32 {
+        (self.addr_meta >> STACK_LOW_SHIFT) as u32 | (self.stack_time & 0xFF) << 16
+    }
+
+    fn set_stack_code(&mut self, stack: u32) {
+        debug_assert!(stack <= WIDE_STACK);
+        let low = u64::from(stack & 0xFFFF) << STACK_LOW_SHIFT;
+        self.addr_meta = (self.addr_meta & !(0xFFFF << STACK_LOW_SHIFT)) | low;
+        self.stack_time = (self.stack_time & !0xFF) | stack >> 16;
+    }
+
+    fn time_code(&self) -> u32 {
+        self.stack_time >> 8
+    }
+}
+
+/// The code of stack id `stack` at row `row`; ids of 24 bits and more go to `wide`.
+fn stack_code(stack: u32, row: u32, wide: &mut Vec<(u32, u32)>) -> u32 {
+    if stack < WIDE_STACK {
+        stack
+    } else {
+        wide.push((row, stack));
+        WIDE_STACK
+    }
+}
 
 /// The fields of a trace entry that the replay and most checks read, cheaper to get than a
 /// whole [`TraceEntry`].
@@ -66,9 +115,13 @@ pub(crate) struct Part {
     /// The last metadata id used per action, as `id + 1` (0: none yet): entries alternate
     /// between a few actions, each mostly with one metadata.
     recent_meta: [u32; 16],
-    time_base: Option<i64>,
+    /// (first row, time) of each time base, rows ascending: a row's time is an offset from the
+    /// last base at or before it. A new base starts where the time jumps further than 24 bits
+    /// of microseconds (16.7 s) reach, as after a pause in the run.
+    time_bases: Vec<(u32, i64)>,
     /// (row, value), rows ascending.
     wide_times: Vec<(u32, i64)>,
+    wide_stacks: Vec<(u32, u32)>,
     wide_sizes: Vec<(u32, u64)>,
     /// Where the addresses' window starts: 2^47 below the part's first address.
     addr_base: Option<u64>,
@@ -123,18 +176,15 @@ impl Part {
             .addr_base
             .get_or_insert(e.addr.saturating_sub(1 << (ADDR_BITS - 1)));
         let offset = e.addr.wrapping_sub(base);
-        let addr_meta = if e.addr >= base && offset <= ADDR_MASK && u64::from(meta) < WIDE_META {
-            offset | u64::from(meta) << ADDR_BITS
+        let fits = e.addr >= base && offset <= ADDR_MASK && offset % (1 << ADDR_UNIT_BITS) == 0;
+        let addr_meta = if fits && u64::from(meta) < WIDE_META {
+            offset >> ADDR_UNIT_BITS | u64::from(meta) << META_SHIFT
         } else {
             self.wide_addrs.push((row, (e.addr, meta)));
-            WIDE_META << ADDR_BITS
+            WIDE_META << META_SHIFT
         };
-        self.rows.push(Row {
-            addr_meta,
-            size,
-            stack: e.frames.0,
-            time,
-        });
+        let stack = stack_code(e.frames.0, row, &mut self.wide_stacks);
+        self.rows.push(Row::new(addr_meta, size, stack, time));
     }
 
     pub fn meta_id(&mut self, meta: Meta) -> u32 {
@@ -157,12 +207,21 @@ impl Part {
         id
     }
 
-    /// Time of row `row` as stored: an offset from the part's first time, or an escape.
-    pub fn time_code(&mut self, row: u32, time: Option<i64>) -> u32 {
+    /// Time of row `row` as stored: an offset from the last time base, or an escape.
+    fn time_code(&mut self, row: u32, time: Option<i64>) -> u32 {
         let Some(t) = time else { return NO_TIME };
-        let base = *self.time_base.get_or_insert(t);
-        match t.checked_sub(base).and_then(|d| u32::try_from(d).ok()) {
-            Some(d) if d < WIDE_TIME => d,
+        let Some(&(_, base)) = self.time_bases.last() else {
+            self.time_bases.push((row, t));
+            return 0;
+        };
+        match t.checked_sub(base) {
+            Some(d) if (0..i64::from(WIDE_TIME)).contains(&d) => d as u32,
+            // Later than the base reaches: a new base from this row on.
+            Some(d) if d > 0 => {
+                self.time_bases.push((row, t));
+                0
+            }
+            // Earlier than the base (clocks are not always monotonic).
             _ => {
                 self.wide_times.push((row, t));
                 WIDE_TIME
@@ -172,7 +231,6 @@ impl Part {
 
     #[inline]
     pub fn get(&self, i: usize) -> TraceEntry {
-        let r = self.rows[i];
         let (addr, meta) = self.addr_meta(i);
         let m = self.metas[meta as usize];
         let row = i as u32;
@@ -188,7 +246,7 @@ impl Part {
                 None
             },
             time_us: self.time_us(i),
-            frames: StackId(r.stack),
+            frames: StackId(self.stack(i)),
             user_metadata: m.user_metadata,
             compile_context: m.compile_context,
         }
@@ -197,17 +255,38 @@ impl Part {
     /// The time of row `i` alone.
     #[inline]
     pub fn time_us(&self, i: usize) -> Option<i64> {
-        match self.rows[i].time {
+        match self.rows[i].time_code() {
             NO_TIME => None,
             WIDE_TIME => side(&self.wide_times, i as u32),
-            d => self.time_base.map(|b| b + i64::from(d)),
+            d => Some(self.time_base(i).saturating_add(i64::from(d))),
+        }
+    }
+
+    /// The time base of row `i` (one per part but after pauses).
+    #[inline]
+    fn time_base(&self, i: usize) -> i64 {
+        if let [(_, base)] = self.time_bases[..] {
+            return base;
+        }
+        // A row with a time offset has a base at or before it.
+        let k = self
+            .time_bases
+            .partition_point(|&(row, _)| row as usize <= i);
+        self.time_bases.get(k.wrapping_sub(1)).map_or(0, |b| b.1)
+    }
+
+    /// The stack id of row `i`.
+    #[inline]
+    pub fn stack(&self, i: usize) -> u32 {
+        match self.rows[i].stack_code() {
+            WIDE_STACK => side(&self.wide_stacks, i as u32).unwrap_or(0),
+            s => s,
         }
     }
 
     /// What most passes read of row `i`: no time, stream or metadata lookups.
     #[inline]
     pub fn core(&self, i: usize) -> Core {
-        let r = self.rows[i];
         let (addr, meta) = self.addr_meta(i);
         let m = &self.metas[meta as usize];
         Core {
@@ -215,7 +294,7 @@ impl Part {
             user_metadata: m.user_metadata,
             addr,
             size: self.size(i),
-            frames: StackId(r.stack),
+            frames: StackId(self.stack(i)),
         }
     }
 
@@ -224,9 +303,12 @@ impl Part {
     fn addr_meta(&self, i: usize) -> (u64, u32) {
         let v = self.rows[i].addr_meta;
         let base = self.addr_base.unwrap_or(0);
-        match v >> ADDR_BITS {
+        match v >> META_SHIFT & WIDE_META {
             WIDE_META => side(&self.wide_addrs, i as u32).unwrap_or((base, 0)),
-            meta => (base.wrapping_add(v & ADDR_MASK), meta as u32),
+            meta => (
+                base.wrapping_add((v & ADDR_CODE_MASK) << ADDR_UNIT_BITS),
+                meta as u32,
+            ),
         }
     }
 
@@ -248,9 +330,15 @@ impl Part {
 
     /// Rewrites ids (used by the parallel loader, whose parts first hold chunk-local ids).
     pub fn remap(&mut self, stack: impl Fn(u32) -> u32, text: impl Fn(TextId) -> TextId) {
-        for r in &mut self.rows {
-            r.stack = stack(r.stack);
+        let mut wide = Vec::new();
+        for (i, r) in self.rows.iter_mut().enumerate() {
+            let old = match r.stack_code() {
+                WIDE_STACK => side(&self.wide_stacks, i as u32).unwrap_or(0),
+                s => s,
+            };
+            r.set_stack_code(stack_code(stack(old), i as u32, &mut wide));
         }
+        self.wide_stacks = wide;
         for m in &mut self.metas {
             m.action_text = m.action_text.map(&text);
             m.user_metadata = m.user_metadata.map(&text);
@@ -263,8 +351,10 @@ impl Part {
             + self.metas.capacity() * std::mem::size_of::<Meta>()
             + (self.wide_times.capacity()
                 + self.wide_sizes.capacity()
-                + self.device_free.capacity())
+                + self.device_free.capacity()
+                + self.time_bases.capacity())
                 * 16
+            + self.wide_stacks.capacity() * 8
             + self.wide_addrs.capacity() * std::mem::size_of::<(u32, (u64, u32))>()
     }
 }
@@ -565,7 +655,7 @@ mod tests {
         assert_eq!(t.get(7), Some(entries[7]));
         assert_eq!(t.get(20), None);
         assert_eq!(t.range(18..40).count(), 2);
-        assert_eq!(std::mem::size_of::<Row>(), 20);
+        assert_eq!(std::mem::size_of::<Row>(), 16);
     }
 
     /// Addresses outside the 2^48-byte window around the part's first address, and metadata
@@ -641,5 +731,54 @@ mod tests {
         }
         assert_eq!(t.pieces(7), vec![0..7, 7..14, 14..21, 21..28, 28..30]);
         assert_eq!(Trace::new().pieces(7), Vec::<Range<usize>>::new());
+    }
+
+    /// Stack ids of 24 bits and more, addresses off the 256-byte grid, times that jump ahead
+    /// (a pause in the run) or go back: each comes back exactly, from the row or a side table,
+    /// and the rows that fit stay 16 bytes with no side entry.
+    #[test]
+    fn stacks_times_and_addresses_past_the_row_fields_come_back() {
+        let entries: Vec<TraceEntry> = (0..200u64)
+            .map(|i| TraceEntry {
+                frames: StackId(match i % 5 {
+                    0 => (1 << 24) - 2,
+                    1 => (1 << 24) - 1,
+                    2 => u32::MAX,
+                    _ => i as u32 * 70_001,
+                }),
+                addr: 0x7f00_0000_0000 + i * 512 + if i % 7 == 0 { 16 } else { 0 },
+                time_us: Some(match i {
+                    // 20 s, then 2 hours later, then back before the first base.
+                    0..50 => 1_000_000 + i as i64 * 400_000,
+                    50..120 => 7_200_000_000 + i as i64,
+                    120..125 => 5,
+                    _ => 7_200_000_000 + (1 << 23) + i as i64,
+                }),
+                ..entry(i)
+            })
+            .collect();
+        let mut part = Part::default();
+        for e in &entries {
+            part.push(e);
+        }
+        let back: Vec<TraceEntry> = (0..entries.len()).map(|i| part.get(i)).collect();
+        assert_eq!(back, entries);
+        // Ids from 2^24 - 1 on, and the times before the first base, are the only side entries
+        // of their kind; the pauses start new bases.
+        assert_eq!(part.wide_stacks.len(), 80);
+        assert_eq!(part.wide_times.len(), 5);
+        assert!(part.time_bases.len() >= 3, "{:?}", part.time_bases);
+        // Remapped ids cross the 24-bit line both ways.
+        part.remap(|s| if s >= 1 << 24 { 3 } else { s + (1 << 24) }, |t| t);
+        for (i, e) in entries.iter().enumerate() {
+            let want = if e.frames.0 >= 1 << 24 {
+                3
+            } else {
+                e.frames.0 + (1 << 24)
+            };
+            assert_eq!(part.stack(i), want, "row {i}");
+            assert_eq!(part.get(i).addr, e.addr);
+            assert_eq!(part.get(i).time_us, e.time_us);
+        }
     }
 }

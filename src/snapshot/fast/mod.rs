@@ -643,9 +643,9 @@ impl<'a> Resolver<'_, 'a, '_> {
 }
 
 fn remap(part: &mut Part, ids: &SourceIds) -> R<()> {
-    let ok = part.rows.iter().all(|r| {
+    let ok = (0..part.len()).all(|i| {
         ids.stacks
-            .get(r.stack as usize)
+            .get(part.stack(i) as usize)
             .is_some_and(|&s| s != UNSET)
     });
     if !ok {
