@@ -96,8 +96,11 @@ fn alive(alloc: u32, free: u32, event: Option<u32>) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct Allocations {
     trace: Trace,
-    /// (alloc, free_requested, free) event per traced allocation; `NONE` = none.
-    events: Vec<[u32; 3]>,
+    /// (alloc, free) event per traced allocation; `NONE` = none.
+    events: Vec<[u32; 2]>,
+    /// The free_requested events: one bit per allocation for those right before the free (as
+    /// PyTorch records them, but when the free waits for other streams), the others by index.
+    requests: FreeRequests,
     /// Block bytes from the dump, by allocation index (survivors only).
     exact: FxHashMap<u32, u64>,
     ghosts: Vec<Ghost>,
@@ -158,7 +161,8 @@ impl Allocations {
     }
 
     fn build(&self, i: usize, entry: TraceEntry) -> Allocation {
-        let [alloc, requested, free] = self.events[i];
+        let [alloc, free] = self.events[i];
+        let requested = self.requests.of(i, free);
         let exact = self.exact.get(&(i as u32)).copied();
         Allocation {
             address: entry.addr,
@@ -180,7 +184,7 @@ impl Allocations {
 
     /// Index of the trace entry that describes traced allocation `i`.
     fn source(&self, i: usize) -> usize {
-        let [alloc, _, free] = self.events[i];
+        let [alloc, free] = self.events[i];
         if alloc != NONE {
             alloc as usize
         } else {
@@ -216,14 +220,15 @@ impl Allocations {
         let mut entries = EntryCursor::new(&self.trace);
         self.events
             .iter()
-            .filter_map(move |&[alloc, requested, free]| {
+            .enumerate()
+            .filter_map(move |(i, &[alloc, free])| {
                 if alloc == NONE {
                     return None;
                 }
                 let entry = entries.at(alloc as usize)?;
                 Some(Birth {
                     born: alloc,
-                    free_requested_event: opt(requested),
+                    free_requested_event: opt(self.requests.of(i, free)),
                     free_event: opt(free),
                     requested_bytes: entry.size,
                     stack: entry.frames,
@@ -243,7 +248,7 @@ impl Allocations {
             .events
             .iter()
             .enumerate()
-            .filter(move |(_, ev)| alive(ev[0], ev[2], event))
+            .filter(move |(_, ev)| alive(ev[0], ev[1], event))
             .filter_map(|(i, _)| self.get(i));
         let ghosts = self.ghosts().filter(move |a| a.alive_after(event));
         traced.chain(ghosts)
@@ -261,6 +266,43 @@ impl Allocations {
 
     pub fn iter(&self) -> std::slice::Iter<'_, Allocation> {
         self.as_slice().iter()
+    }
+}
+
+/// The free_requested events of the traced allocations, by allocation index.
+#[derive(Clone, Debug, Default)]
+struct FreeRequests {
+    /// Bit `i`: allocation `i`'s free_requested is the event right before its free.
+    before_free: Vec<u64>,
+    /// The others that have one.
+    other: FxHashMap<u32, u32>,
+}
+
+impl FreeRequests {
+    /// The free_requested event of allocation `i`, freed at `free`.
+    fn of(&self, i: usize, free: u32) -> u32 {
+        let bit = self
+            .before_free
+            .get(i / 64)
+            .is_some_and(|w| w >> (i % 64) & 1 == 1);
+        if bit {
+            free - 1
+        } else {
+            self.other.get(&(i as u32)).copied().unwrap_or(NONE)
+        }
+    }
+
+    /// Allocation `i`, freed at `free` (`NONE`: not freed), was requested free at `request`.
+    fn set(&mut self, i: u32, request: u32, free: u32) {
+        if free != NONE && request.checked_add(1) == Some(free) {
+            let (word, bit) = (i as usize / 64, i % 64);
+            if self.before_free.len() <= word {
+                self.before_free.resize(word + 1, 0);
+            }
+            self.before_free[word] |= 1 << bit;
+        } else {
+            self.other.insert(i, request);
+        }
     }
 }
 
@@ -889,12 +931,19 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
 
     // Closing at event i: the block was the rounded request (exact sizes come from the dump,
     // only for blocks still open at the end). `rd`, `ad`: the changes of event i so far.
-    let close = |events: &mut [[u32; 3]],
+    // The first free_requested of each open allocation, by index, until it is freed.
+    let mut open_requests: FxHashMap<u32, u32> = FxHashMap::default();
+    let close = |events: &mut [[u32; 2]],
+                 requests: &mut FreeRequests,
+                 open_requests: &mut FxHashMap<u32, u32>,
                  (idx, bytes): (u32, u64),
                  i: usize,
                  rd: &mut i64,
                  ad: &mut i64| {
-        events[idx as usize][2] = i as u32;
+        events[idx as usize][1] = i as u32;
+        if let Some(r) = open_requests.remove(&idx) {
+            requests.set(idx, r, i as u32);
+        }
         *rd = rd.saturating_add(signed(bytes).saturating_neg());
         *ad = ad.saturating_add(signed(round_size(bytes)).saturating_neg());
     };
@@ -908,19 +957,24 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 if let Some(old) = open.insert(e.addr, (idx, e.size)) {
                     if old.0 != NONE {
                         window.lost_frees += 1;
-                        close(&mut allocs.events, old, i, &mut dr, &mut da);
+                        close(
+                            &mut allocs.events,
+                            &mut allocs.requests,
+                            &mut open_requests,
+                            old,
+                            i,
+                            &mut dr,
+                            &mut da,
+                        );
                     }
                 }
                 dr = dr.saturating_add(signed(e.size));
                 da = da.saturating_add(signed(round_size(e.size)));
-                allocs.events.push([i as u32, NONE, NONE]);
+                allocs.events.push([i as u32, NONE]);
             }
             Action::FreeRequested => match open.get(&e.addr) {
                 Some(&(idx, _)) if idx != NONE => {
-                    let r = &mut allocs.events[idx as usize][1];
-                    if *r == NONE {
-                        *r = i as u32;
-                    }
+                    open_requests.entry(idx).or_insert(i as u32);
                 }
                 // Allocated before the window; counted once its free completes (as MemoryViz
                 // does: a lone free_requested is not an allocation event).
@@ -932,7 +986,15 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 let slot = open.entry(e.addr).or_insert((NONE, 0));
                 if slot.0 != NONE {
                     let old = std::mem::replace(slot, (NONE, FREED));
-                    close(&mut allocs.events, old, i, &mut dr, &mut da);
+                    close(
+                        &mut allocs.events,
+                        &mut allocs.requests,
+                        &mut open_requests,
+                        old,
+                        i,
+                        &mut dr,
+                        &mut da,
+                    );
                 } else {
                     if slot.1 == FREED {
                         double_frees.count += 1;
@@ -945,9 +1007,19 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     requested_start = requested_start.saturating_add(signed(e.size));
                     allocated_start = allocated_start.saturating_add(signed(round_size(e.size)));
                     let idx = allocs.events.len() as u32;
-                    let req = unmatched_requests.remove(&e.addr).unwrap_or(NONE);
-                    allocs.events.push([NONE, req, NONE]);
-                    close(&mut allocs.events, (idx, e.size), i, &mut dr, &mut da);
+                    if let Some(r) = unmatched_requests.remove(&e.addr) {
+                        open_requests.insert(idx, r);
+                    }
+                    allocs.events.push([NONE, NONE]);
+                    close(
+                        &mut allocs.events,
+                        &mut allocs.requests,
+                        &mut open_requests,
+                        (idx, e.size),
+                        i,
+                        &mut dr,
+                        &mut da,
+                    );
                 }
             }
             Action::SegmentAlloc | Action::SegmentMap => {
@@ -973,6 +1045,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             reserved.push((i as u32, dres));
         }
     });
+    // Requested free, never freed in the trace.
+    for (idx, r) in open_requests {
+        allocs.requests.set(idx, r, NONE);
+    }
 
     // The dump's block table: exact sizes for survivors, and ghosts for blocks never traced.
     let mut ghost_streams = HashMap::new();
@@ -1095,6 +1171,23 @@ impl DeviceReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_requests_right_before_the_free_take_a_bit_and_others_an_entry() {
+        let mut r = FreeRequests::default();
+        r.set(0, 10, 11);
+        r.set(70, 20, 25);
+        r.set(130, 30, NONE);
+        r.set(131, u32::MAX, NONE);
+        assert_eq!(r.of(0, 11), 10);
+        assert_eq!(r.of(70, 25), 20);
+        assert_eq!(r.of(130, NONE), 30);
+        // Allocations without one, also past the bits and beside one that has a bit.
+        assert_eq!(r.of(1, 12), NONE);
+        assert_eq!(r.of(5000, 7), NONE);
+        assert_eq!(r.other.len(), 3);
+        assert_eq!(r.before_free.len(), 1);
+    }
 
     #[test]
     fn round_size_matches_pytorch_default() {
