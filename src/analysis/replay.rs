@@ -350,6 +350,94 @@ impl<'a> IntoIterator for &'a Allocations {
 /// Events per checkpoint of a [`Curve`].
 const STEP: usize = 256;
 
+/// The changes of a dense curve, event by event: the nonzero ones (4 bytes each) and a bit per
+/// event that says whether it changes the level. A real trace's free_requested events, a third
+/// of it, change nothing.
+#[derive(Clone, Debug, Default)]
+struct EventChanges {
+    len: usize,
+    /// Bit `i % 64` of word `i / 64`: event `i` changes the level.
+    bits: Vec<u64>,
+    /// Index in `values` of the first change of each block of `STEP` events.
+    ranks: Vec<u32>,
+    values: Vec<i32>,
+}
+
+impl EventChanges {
+    /// Empty, with room for `n` events.
+    fn with_capacity(n: usize) -> EventChanges {
+        EventChanges {
+            len: 0,
+            bits: Vec::with_capacity(n.div_ceil(64)),
+            ranks: Vec::with_capacity(n.div_ceil(STEP)),
+            values: Vec::with_capacity(n),
+        }
+    }
+
+    /// The change of the next event.
+    fn push(&mut self, d: i32) {
+        let i = self.len;
+        if i % STEP == 0 {
+            self.ranks.push(self.values.len() as u32);
+        }
+        if i % 64 == 0 {
+            self.bits.push(0);
+        }
+        if d != 0 {
+            if let Some(w) = self.bits.last_mut() {
+                *w |= 1 << (i % 64);
+            }
+            self.values.push(d);
+        }
+        self.len += 1;
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The change of event `i` (`None` past the end): its rank among the changes is counted
+    /// from its block's (at most four words).
+    #[inline]
+    fn get(&self, i: usize) -> Option<i32> {
+        if i >= self.len {
+            return None;
+        }
+        let word = self.bits[i / 64];
+        let bit = 1u64 << (i % 64);
+        if word & bit == 0 {
+            return Some(0);
+        }
+        let block = i / STEP;
+        let mut rank = self.ranks[block] as usize;
+        for w in &self.bits[block * (STEP / 64)..i / 64] {
+            rank += w.count_ones() as usize;
+        }
+        rank += (word & (bit - 1)).count_ones() as usize;
+        Some(self.values[rank])
+    }
+
+    /// The changes of events `first..end` (within the length), in order.
+    fn range(&self, first: usize, end: usize) -> impl Iterator<Item = i32> + '_ {
+        let mut rank = 0;
+        if first < end {
+            let block = first / STEP;
+            rank = self.ranks[block] as usize;
+            for w in &self.bits[block * (STEP / 64)..first / 64] {
+                rank += w.count_ones() as usize;
+            }
+            rank += (self.bits[first / 64] & ((1u64 << (first % 64)) - 1)).count_ones() as usize;
+        }
+        (first..end).map(move |i| {
+            if self.bits[i / 64] >> (i % 64) & 1 == 0 {
+                return 0;
+            }
+            rank += 1;
+            self.values[rank - 1]
+        })
+    }
+}
+
 /// A level over the trace: `start` before the first event, then one change per event. Stored as
 /// 4-byte changes with a checkpoint every 256 events (or only the events that change it, when
 /// few do), so `at` costs a few hundred additions at most.
@@ -359,7 +447,7 @@ pub struct Curve {
     len: usize,
     /// Per event; `WIDE` = the change is in `wide`. Shared with the curve a `rounded` one is
     /// derived from.
-    deltas: Arc<Vec<i32>>,
+    deltas: Arc<EventChanges>,
     wide: Vec<(u32, i64)>,
     /// (event, change) for the events that change a sparse curve (`deltas` is then empty), or
     /// of a `rounded` curve the events whose change is not the rounded one.
@@ -384,7 +472,7 @@ const WIDE: i32 = i32::MIN;
 
 /// Changes per event while a replay runs.
 struct Deltas {
-    dense: Vec<i32>,
+    dense: EventChanges,
     wide: FxHashMap<u32, i64>,
     /// Events whose change is not zero (counted as they come: no pass to count them).
     nonzero: usize,
@@ -395,7 +483,7 @@ impl Deltas {
     /// written once, not zeroed first and then read back).
     fn new(n: usize) -> Deltas {
         Deltas {
-            dense: Vec::with_capacity(n),
+            dense: EventChanges::with_capacity(n),
             wide: FxHashMap::default(),
             nonzero: 0,
         }
@@ -413,20 +501,17 @@ impl Deltas {
         }
     }
 
-    fn get(&self, i: usize) -> i64 {
-        match self.dense[i] {
-            WIDE => self.wide.get(&(i as u32)).copied().unwrap_or(0),
-            d => d as i64,
-        }
-    }
-
     fn into_curve(self, start: i64) -> Curve {
         let len = self.dense.len();
         if self.nonzero * 4 < len {
             // Sparse (reserved memory changes only at segment events).
             let sparse = (0..len)
-                .filter(|&i| self.dense[i] != 0)
-                .map(|i| (i as u32, self.get(i)))
+                .zip(self.dense.range(0, len))
+                .filter(|&(_, d)| d != 0)
+                .map(|(i, d)| match d {
+                    WIDE => (i as u32, self.wide.get(&(i as u32)).copied().unwrap_or(0)),
+                    d => (i as u32, d as i64),
+                })
                 .collect();
             return Curve::sparse(start, len, sparse);
         }
@@ -527,7 +612,7 @@ impl Curve {
             checkpoints.push(x.level);
             x.block_peak = (i64::MIN, first as u32);
             if dense {
-                for (i, &d) in (first..end).zip(&self.deltas[first..end]) {
+                for (i, d) in (first..end).zip(self.deltas.range(first, end)) {
                     let d = if d == WIDE {
                         self.wide_change(i)
                     } else {
@@ -649,14 +734,14 @@ impl Curve {
             }
             return match (self.sparse.get(*k), self.deltas.get(i)) {
                 (Some(&(e, v)), _) if e as usize == i => v,
-                (_, Some(&d)) => rounded(d as i64),
+                (_, Some(d)) => rounded(d as i64),
                 _ => 0,
             };
         }
-        if self.sparse.is_empty() || !self.deltas.is_empty() {
+        if self.sparse.is_empty() || self.deltas.len() != 0 {
             return match self.deltas.get(i) {
-                Some(&WIDE) => self.wide_change(i),
-                Some(&d) => d as i64,
+                Some(WIDE) => self.wide_change(i),
+                Some(d) => d as i64,
                 None => 0,
             };
         }
@@ -1171,6 +1256,39 @@ impl DeviceReplay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_changes_read_back_one_by_one_and_in_runs() {
+        // Zeros in runs and alone, across words (64) and blocks (STEP).
+        let plain: Vec<i32> = (0..1500i32)
+            .map(|i| match i % 7 {
+                0 | 3 => 0,
+                _ if (300..700).contains(&i) => 0,
+                _ => i * if i % 2 == 0 { 1 } else { -1 },
+            })
+            .collect();
+        let mut c = EventChanges::with_capacity(plain.len());
+        for &d in &plain {
+            c.push(d);
+        }
+        assert_eq!(c.len(), plain.len());
+        for (i, &d) in plain.iter().enumerate() {
+            assert_eq!(c.get(i), Some(d), "event {i}");
+        }
+        assert_eq!(c.get(plain.len()), None);
+        for (first, end) in [
+            (0, 1500),
+            (1, 64),
+            (63, 65),
+            (250, 770),
+            (700, 700),
+            (1499, 1500),
+        ] {
+            let run: Vec<i32> = c.range(first, end).collect();
+            assert_eq!(run, plain[first..end], "{first}..{end}");
+        }
+        assert_eq!(c.values.len(), plain.iter().filter(|&&d| d != 0).count());
+    }
 
     #[test]
     fn free_requests_right_before_the_free_take_a_bit_and_others_an_entry() {
