@@ -549,6 +549,55 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     report
 }
 
+/// What the report sums of the claims on the allocations alive at the peak (requested bytes).
+#[derive(Default)]
+struct ClaimSums {
+    /// Allocated before the window, of unknown category or low confidence.
+    unsure_before_window: u64,
+    by_category: rustc_hash::FxHashMap<Category, u64>,
+    /// By the phase of the allocation (`before_window` when before the window).
+    by_phase: rustc_hash::FxHashMap<&'static str, u64>,
+    by_claim: HashMap<(Category, Confidence, &'static str), u64>,
+}
+
+impl ClaimSums {
+    fn add(&mut self, a: &Allocation, c: &Claim, phases: &Phases) {
+        let bytes = a.requested_bytes;
+        let add = |slot: &mut u64| *slot = slot.saturating_add(bytes);
+        if a.alloc_event.is_none()
+            && (c.category == Category::Unknown || c.confidence == Confidence::Low)
+        {
+            add(&mut self.unsure_before_window);
+        }
+        add(self.by_category.entry(c.category).or_default());
+        let phase = match a.alloc_event {
+            None => "before_window",
+            Some(_) => phases.at(a.alloc_event).name(),
+        };
+        add(self.by_phase.entry(phase).or_default());
+        add(self
+            .by_claim
+            .entry((c.category, c.confidence, c.evidence))
+            .or_default());
+    }
+
+    /// These sums and `other`'s (saturating sums of bytes: in any order alike).
+    fn then(mut self, other: ClaimSums) -> ClaimSums {
+        let add = |slot: &mut u64, bytes: u64| *slot = slot.saturating_add(bytes);
+        add(&mut self.unsure_before_window, other.unsure_before_window);
+        for (k, v) in other.by_category {
+            add(self.by_category.entry(k).or_default(), v);
+        }
+        for (k, v) in other.by_phase {
+            add(self.by_phase.entry(k).or_default(), v);
+        }
+        for (k, v) in other.by_claim {
+            add(self.by_claim.entry(k).or_default(), v);
+        }
+        self
+    }
+}
+
 /// The report of one device, but its data-quality checks.
 fn device_report_with(
     snapshot: &Snapshot,
@@ -614,17 +663,29 @@ fn device_report_with(
             .cmp(&a.requested_bytes)
             .then(a.address.cmp(&b.address))
     });
-    // Claimed once for every live allocation (tens of thousands at a real peak), on every core.
+    // Claimed once for every live allocation (tens of thousands at a real peak), on every core,
+    // and summed as they come: what is kept of each claim is its category and confidence.
     let categorizer = &describe.categorizer;
-    let claims: Vec<Claim> = live.par_iter().map(|a| categorizer.claim(a)).collect();
-    let unsure_before_window_bytes = live
-        .iter()
-        .zip(&claims)
-        .filter(|(a, c)| {
-            a.alloc_event.is_none()
-                && (c.category == Category::Unknown || c.confidence == Confidence::Low)
-        })
-        .fold(0u64, |s, (a, _)| s.saturating_add(a.requested_bytes));
+    let (claims, claim_sums): (Vec<(Category, Confidence)>, ClaimSums) = live
+        .par_iter()
+        .with_min_len(4096)
+        .fold(
+            || (Vec::new(), ClaimSums::default()),
+            |(mut claims, mut sums), a| {
+                let c = categorizer.claim(a);
+                sums.add(a, &c, &phases);
+                claims.push((c.category, c.confidence));
+                (claims, sums)
+            },
+        )
+        .reduce(
+            || (Vec::new(), ClaimSums::default()),
+            |(mut claims, sums), (more, more_sums)| {
+                claims.extend(more);
+                (claims, sums.then(more_sums))
+            },
+        );
+    let unsure_before_window_bytes = claim_sums.unsure_before_window;
     let listed = options.list_limit.unwrap_or(usize::MAX).min(live.len());
     let live_at_peak_omitted = (listed < live.len()).then(|| {
         let rest = &live[listed..];
@@ -639,10 +700,7 @@ fn device_report_with(
         .zip(&claims)
         .map_init(
             || CallSites::new(&snapshot.interner),
-            |sites, (a, c)| {
-                let claim = (c.category, c.confidence);
-                described(sites, trace, &phases, a, claim, peak_event)
-            },
+            |sites, (a, &claim)| described(sites, trace, &phases, a, claim, peak_event),
         )
         .collect();
 
@@ -697,7 +755,7 @@ fn device_report_with(
             )
         }
     };
-    let categories: Vec<Category> = claims.iter().map(|c| c.category).collect();
+    let categories: Vec<Category> = claims.iter().map(|c| c.0).collect();
     let held: Vec<(&Allocation, Category)> = live
         .iter()
         .copied()
@@ -855,18 +913,12 @@ fn device_report_with(
         std::collections::BTreeMap::new();
     // Summed by category and phase first (a real peak holds hundreds of thousands of
     // allocations), named after.
-    let mut by_category: rustc_hash::FxHashMap<Category, u64> = Default::default();
-    let mut by_phase: rustc_hash::FxHashMap<&'static str, u64> = Default::default();
-    for (a, c) in live.iter().zip(&claims) {
-        let slot = by_category.entry(c.category).or_default();
-        *slot = slot.saturating_add(a.requested_bytes);
-        let phase = match a.alloc_event {
-            None => "before_window",
-            Some(_) => phases.at(a.alloc_event).name(),
-        };
-        let slot = by_phase.entry(phase).or_default();
-        *slot = slot.saturating_add(a.requested_bytes);
-    }
+    let ClaimSums {
+        by_category,
+        by_phase,
+        by_claim: claim_bytes,
+        ..
+    } = claim_sums;
     for (category, bytes) in by_category {
         let slot = categories_at_peak
             .entry(category.name().to_owned())
@@ -878,13 +930,6 @@ fn device_report_with(
         *slot = slot.saturating_add(bytes);
     }
     // Confidence and evidence per category: the ones that hold most of its bytes.
-    let mut claim_bytes: HashMap<(Category, Confidence, &'static str), u64> = HashMap::new();
-    for (a, c) in live.iter().zip(&claims) {
-        let slot = claim_bytes
-            .entry((c.category, c.confidence, c.evidence))
-            .or_default();
-        *slot = slot.saturating_add(a.requested_bytes);
-    }
     let mut by_confidence: HashMap<(Category, Confidence), u64> = HashMap::new();
     let mut by_evidence: HashMap<Category, (u64, &'static str)> = HashMap::new();
     for (&(category, confidence, evidence), &b) in &claim_bytes {
