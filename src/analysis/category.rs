@@ -544,6 +544,31 @@ const NO_EVENT: u32 = u32::MAX;
 /// How many events before the old tensor's free its replacement may be allocated.
 const REPLACED_WITHIN: u32 = 4;
 
+/// A node in [`GrowthChains`]' heap, ordered by its free alone (frees are distinct events),
+/// the earliest first.
+#[derive(Clone, Copy)]
+struct Waiting(GrowthNode);
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.freed == other.0.freed
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.0.freed.cmp(&self.0.freed)
+    }
+}
+
 /// The allocation events of KV caches grown by concatenation: at every decode step each
 /// layer's cache is replaced by a copy one token longer (`torch.cat`), allocated just before
 /// the old one is freed. A chain of three or more such replacements from one stack and stream,
@@ -560,7 +585,7 @@ struct GrowthChains {
     /// first.
     recent: std::collections::VecDeque<GrowthNode>,
     /// Nodes waiting for their free, earliest free first.
-    waiting: std::collections::BinaryHeap<std::cmp::Reverse<(u32, GrowthNode)>>,
+    waiting: std::collections::BinaryHeap<Waiting>,
     /// By the birth of a replacement: the birth and bytes of the node it replaces, and its own
     /// bytes.
     replaced: FxHashMap<u32, (u32, u64, u64)>,
@@ -579,13 +604,14 @@ impl GrowthChains {
         }
         self.recent.push_back(node);
         if node.freed != NO_EVENT {
-            self.waiting.push(std::cmp::Reverse((node.freed, node)));
+            self.waiting.push(Waiting(node));
         }
     }
 
     /// Finds the replacements of the waiting nodes freed at or before `event`.
     fn resolve_freed_by(&mut self, event: u32) {
-        while let Some(&std::cmp::Reverse((freed, x))) = self.waiting.peek() {
+        while let Some(&Waiting(x)) = self.waiting.peek() {
+            let freed = x.freed;
             if freed > event {
                 break;
             }

@@ -168,18 +168,6 @@ pub enum Source {
     None,
 }
 
-impl Source {
-    /// Every source, in declaration order (`Source::ALL[s as usize] == s`).
-    pub const ALL: [Source; 6] = [
-        Source::Annotation,
-        Source::UserMetadata,
-        Source::Frames,
-        Source::Position,
-        Source::StepPosition,
-        Source::None,
-    ];
-}
-
 /// The phase and source of each event in one byte (a long trace has millions of events): the
 /// phase in bits 0-2, the source in bits 3-5. [`find_phases`] marks events in the top two bits
 /// while it works (no tables of its own as long as the trace).
@@ -197,12 +185,38 @@ fn pack(p: Phase, s: Source) -> u8 {
     p as u8 | (s as u8) << SOURCE_SHIFT
 }
 
+/// By the three bits of a phase (all eight: no bounds check; codes past the phases are not
+/// written).
+const PHASE_OF_BITS: [Phase; 8] = [
+    Phase::Load,
+    Phase::Forward,
+    Phase::Backward,
+    Phase::Optimizer,
+    Phase::Eval,
+    Phase::Unknown,
+    Phase::Unknown,
+    Phase::Unknown,
+];
+const SOURCE_OF_BITS: [Source; 8] = [
+    Source::Annotation,
+    Source::UserMetadata,
+    Source::Frames,
+    Source::Position,
+    Source::StepPosition,
+    Source::None,
+    Source::None,
+    Source::None,
+];
+const SOURCE_BITS: u8 = 0b111 << SOURCE_SHIFT;
+const SOURCE_NONE: u8 = (Source::None as u8) << SOURCE_SHIFT;
+const SOURCE_ANNOTATION: u8 = (Source::Annotation as u8) << SOURCE_SHIFT;
+
 fn phase_of_byte(b: u8) -> Phase {
-    Phase::ALL[(b & 0b111) as usize]
+    PHASE_OF_BITS[(b & 0b111) as usize]
 }
 
 fn source_of_byte(b: u8) -> Source {
-    Source::ALL[((b & PHASE_AND_SOURCE) >> SOURCE_SHIFT) as usize]
+    SOURCE_OF_BITS[((b >> SOURCE_SHIFT) & 0b111) as usize]
 }
 
 /// Sets phase and source in a byte of [`PerEvent`], keeping its marks.
@@ -763,31 +777,29 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
     // before them. An annotation says nothing past its range: after one, they take the next
     // evidence instead, and stay unknown when that is an annotation too. Events before the
     // first evidence take the first one.
-    let mut last: Option<(Phase, Source)> = None;
+    // (On the bytes' bits: millions of events.)
+    let mut last: Option<u8> = None;
     for b in per_event.0.iter_mut() {
-        let s = source_of_byte(*b);
-        if s != Source::None && *b & FILLED == 0 {
-            last = Some((phase_of_byte(*b), s));
+        if *b & SOURCE_BITS != SOURCE_NONE && *b & FILLED == 0 {
+            last = Some(*b & PHASE_AND_SOURCE);
             continue;
         }
-        if let Some((p, s)) = last.filter(|(_, s)| *s != Source::Annotation) {
-            set_byte(b, p, s);
-            *b |= FILLED;
+        if let Some(ps) = last.filter(|ps| ps & SOURCE_BITS != SOURCE_ANNOTATION) {
+            *b = (*b & !PHASE_AND_SOURCE) | ps | FILLED;
         }
     }
-    let mut next: Option<(Phase, Source)> = None;
+    let mut next: Option<u8> = None;
     for b in per_event.0.iter_mut().rev() {
-        let s = source_of_byte(*b);
-        if s != Source::None {
+        if *b & SOURCE_BITS != SOURCE_NONE {
             if *b & FILLED == 0 {
-                next = Some((phase_of_byte(*b), s));
+                next = Some(*b & PHASE_AND_SOURCE);
             }
             continue;
         }
-        match next.filter(|(_, s)| *s != Source::Annotation) {
-            Some((p, s)) => set_byte(b, p, s),
-            None => set_byte(b, Phase::Unknown, s),
-        }
+        let ps = next
+            .filter(|ps| ps & SOURCE_BITS != SOURCE_ANNOTATION)
+            .unwrap_or(pack(Phase::Unknown, Source::None));
+        *b = (*b & !PHASE_AND_SOURCE) | ps;
     }
     // The marks are find_phases' own.
     for b in per_event.0.iter_mut() {
@@ -1011,6 +1023,26 @@ const NO_STACKS_BY_POSITION: &str =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_holds_every_phase_and_source() {
+        let sources = [
+            Source::Annotation,
+            Source::UserMetadata,
+            Source::Frames,
+            Source::Position,
+            Source::StepPosition,
+            Source::None,
+        ];
+        for p in Phase::ALL {
+            for s in sources {
+                let mut b = IN_RANGE | FILLED;
+                set_byte(&mut b, p, s);
+                assert_eq!((phase_of_byte(b), source_of_byte(b)), (p, s));
+                assert_eq!(b & !PHASE_AND_SOURCE, IN_RANGE | FILLED);
+            }
+        }
+    }
     use crate::snapshot::Frame;
 
     /// A stack given innermost first as `(file, function)` pairs, interned in `i`.

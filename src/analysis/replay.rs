@@ -278,14 +278,35 @@ struct FreeRequests {
     other: FxHashMap<u32, u32>,
 }
 
+/// Bit `i` of a bit set.
+fn bit(bits: &[u64], i: u32) -> bool {
+    bits.get(i as usize / 64)
+        .is_some_and(|w| w >> (i % 64) & 1 == 1)
+}
+
+fn set_bit(bits: &mut Vec<u64>, i: u32) {
+    let word = i as usize / 64;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    bits[word] |= 1 << (i % 64);
+}
+
+/// Clears bit `i`; returns whether it was set.
+fn take_bit(bits: &mut [u64], i: u32) -> bool {
+    match bits.get_mut(i as usize / 64) {
+        Some(w) if *w >> (i % 64) & 1 == 1 => {
+            *w &= !(1 << (i % 64));
+            true
+        }
+        _ => false,
+    }
+}
+
 impl FreeRequests {
     /// The free_requested event of allocation `i`, freed at `free`.
     fn of(&self, i: usize, free: u32) -> u32 {
-        let bit = self
-            .before_free
-            .get(i / 64)
-            .is_some_and(|w| w >> (i % 64) & 1 == 1);
-        if bit {
+        if bit(&self.before_free, i as u32) {
             free - 1
         } else {
             self.other.get(&(i as u32)).copied().unwrap_or(NONE)
@@ -295,11 +316,7 @@ impl FreeRequests {
     /// Allocation `i`, freed at `free` (`NONE`: not freed), was requested free at `request`.
     fn set(&mut self, i: u32, request: u32, free: u32) {
         if free != NONE && request.checked_add(1) == Some(free) {
-            let (word, bit) = (i as usize / 64, i % 64);
-            if self.before_free.len() <= word {
-                self.before_free.resize(word + 1, 0);
-            }
-            self.before_free[word] |= 1 << bit;
+            set_bit(&mut self.before_free, i);
         } else {
             self.other.insert(i, request);
         }
@@ -396,46 +413,86 @@ impl EventChanges {
         self.len
     }
 
-    /// The change of event `i` (`None` past the end): its rank among the changes is counted
-    /// from its block's (at most four words).
-    #[inline]
-    fn get(&self, i: usize) -> Option<i32> {
-        if i >= self.len {
-            return None;
-        }
-        let word = self.bits[i / 64];
-        let bit = 1u64 << (i % 64);
-        if word & bit == 0 {
-            return Some(0);
-        }
+    /// How many of the events before `i` (`i` < the length) change the level: counted from
+    /// its block's rank (at most four words).
+    #[inline(never)]
+    fn rank(&self, i: usize) -> usize {
         let block = i / STEP;
         let mut rank = self.ranks[block] as usize;
         for w in &self.bits[block * (STEP / 64)..i / 64] {
             rank += w.count_ones() as usize;
         }
-        rank += (word & (bit - 1)).count_ones() as usize;
-        Some(self.values[rank])
+        rank + (self.bits[i / 64] & ((1u64 << (i % 64)) - 1)).count_ones() as usize
     }
 
-    /// The changes of events `first..end` (within the length), in order.
-    fn range(&self, first: usize, end: usize) -> impl Iterator<Item = i32> + '_ {
-        let mut rank = 0;
-        if first < end {
-            let block = first / STEP;
-            rank = self.ranks[block] as usize;
-            for w in &self.bits[block * (STEP / 64)..first / 64] {
-                rank += w.count_ones() as usize;
-            }
-            rank += (self.bits[first / 64] & ((1u64 << (first % 64)) - 1)).count_ones() as usize;
+    /// The change of event `i` (`None` past the end). `cursor` is where the last call left
+    /// off: the next event in order is read without counting bits.
+    #[inline(always)]
+    fn get(&self, i: usize, cursor: &mut RankCursor) -> Option<i32> {
+        if i >= self.len {
+            return None;
         }
+        if cursor.at != i {
+            *cursor = RankCursor {
+                at: i,
+                rank: self.rank(i),
+            };
+        }
+        cursor.at = i + 1;
+        if self.bits[i / 64] >> (i % 64) & 1 == 0 {
+            return Some(0);
+        }
+        cursor.rank += 1;
+        Some(self.values[cursor.rank - 1])
+    }
+
+    /// The changes of events `first..end` (within the length), in order: a word of bits at a
+    /// time.
+    fn range(&self, first: usize, end: usize) -> impl Iterator<Item = i32> + '_ {
+        let mut rank = if first < end { self.rank(first) } else { 0 };
+        let mut word = if first < end {
+            self.bits[first / 64] >> (first % 64)
+        } else {
+            0
+        };
         (first..end).map(move |i| {
-            if self.bits[i / 64] >> (i % 64) & 1 == 0 {
+            if i % 64 == 0 {
+                word = self.bits[i / 64];
+            }
+            let changes = word & 1 == 1;
+            word >>= 1;
+            if !changes {
                 return 0;
             }
             rank += 1;
             self.values[rank - 1]
         })
     }
+}
+
+/// Where a sequential read of [`EventChanges`] stands: the next event, and how many events
+/// before it change the level.
+#[derive(Clone, Copy, Debug)]
+struct RankCursor {
+    at: usize,
+    rank: usize,
+}
+
+impl Default for RankCursor {
+    fn default() -> Self {
+        RankCursor {
+            at: usize::MAX,
+            rank: 0,
+        }
+    }
+}
+
+/// Where a sequential read of a [`Curve`]'s changes stands: the next entry of `sparse`, and the
+/// dense changes' cursor.
+#[derive(Clone, Copy, Debug, Default)]
+struct ChangeCursor {
+    k: usize,
+    dense: RankCursor,
 }
 
 /// A level over the trace: `start` before the first event, then one change per event. Stored as
@@ -675,8 +732,7 @@ impl Indexer {
 struct Changes<'a> {
     c: &'a Curve,
     i: usize,
-    /// Next index into `sparse`.
-    k: usize,
+    cursor: ChangeCursor,
 }
 
 impl Iterator for Changes<'_> {
@@ -689,7 +745,7 @@ impl Iterator for Changes<'_> {
         }
         let i = self.i;
         self.i += 1;
-        Some(self.c.change_at(i, &mut self.k))
+        Some(self.c.change_at(i, &mut self.cursor))
     }
 }
 
@@ -725,21 +781,23 @@ impl Curve {
         self.len == 0
     }
 
-    /// Change at event `i`; `k` is a cursor into `sparse` (moved to the first entry ≥ i).
-    #[inline]
-    fn change_at(&self, i: usize, k: &mut usize) -> i64 {
+    /// Change at event `i`; `cursor.k` is a cursor into `sparse` (moved to the first entry
+    /// ≥ i).
+    #[inline(always)]
+    fn change_at(&self, i: usize, cursor: &mut ChangeCursor) -> i64 {
+        let k = &mut cursor.k;
         if self.rounded {
             while *k < self.sparse.len() && (self.sparse[*k].0 as usize) < i {
                 *k += 1;
             }
-            return match (self.sparse.get(*k), self.deltas.get(i)) {
+            return match (self.sparse.get(*k), self.deltas.get(i, &mut cursor.dense)) {
                 (Some(&(e, v)), _) if e as usize == i => v,
                 (_, Some(d)) => rounded(d as i64),
                 _ => 0,
             };
         }
         if self.sparse.is_empty() || self.deltas.len() != 0 {
-            return match self.deltas.get(i) {
+            return match self.deltas.get(i, &mut cursor.dense) {
                 Some(WIDE) => self.wide_change(i),
                 Some(d) => d as i64,
                 None => 0,
@@ -759,14 +817,23 @@ impl Curve {
         Changes {
             c: self,
             i: from,
-            k,
+            cursor: ChangeCursor {
+                k,
+                ..ChangeCursor::default()
+            },
         }
     }
 
     /// The change of event `i`.
     fn change(&self, i: usize) -> i64 {
-        let mut k = self.sparse.partition_point(|w| (w.0 as usize) < i);
-        self.change_at(i, &mut k)
+        let k = self.sparse.partition_point(|w| (w.0 as usize) < i);
+        self.change_at(
+            i,
+            &mut ChangeCursor {
+                k,
+                ..ChangeCursor::default()
+            },
+        )
     }
 
     /// Level after the first `n` events (`n = 0`: the start).
@@ -805,7 +872,10 @@ impl Curve {
             front: first,
             back: self.len,
             front_level: self.level(first),
-            fk: self.sparse.partition_point(|w| (w.0 as usize) < first),
+            fk: ChangeCursor {
+                k: self.sparse.partition_point(|w| (w.0 as usize) < first),
+                ..ChangeCursor::default()
+            },
             buf: Vec::new(),
             buf_start: 0,
         }
@@ -865,7 +935,7 @@ pub struct Levels<'a> {
     back: usize,
     /// Level after `front` events.
     front_level: i64,
-    fk: usize,
+    fk: ChangeCursor,
     /// Levels after events `buf_start..` of the block `back` is in (for going backwards).
     buf: Vec<i64>,
     buf_start: usize,
@@ -1016,19 +1086,21 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
 
     // Closing at event i: the block was the rounded request (exact sizes come from the dump,
     // only for blocks still open at the end). `rd`, `ad`: the changes of event i so far.
-    // The first free_requested of each open allocation, by index, until it is freed.
-    let mut open_requests: FxHashMap<u32, u32> = FxHashMap::default();
+    // An open allocation's first free_requested waits in its free slot, marked here (one bit
+    // per allocation), until the free comes.
+    let mut open_requests: Vec<u64> = Vec::new();
     let close = |events: &mut [[u32; 2]],
                  requests: &mut FreeRequests,
-                 open_requests: &mut FxHashMap<u32, u32>,
+                 open_requests: &mut Vec<u64>,
                  (idx, bytes): (u32, u64),
                  i: usize,
                  rd: &mut i64,
                  ad: &mut i64| {
-        events[idx as usize][1] = i as u32;
-        if let Some(r) = open_requests.remove(&idx) {
-            requests.set(idx, r, i as u32);
+        let slot = &mut events[idx as usize][1];
+        if take_bit(open_requests, idx) {
+            requests.set(idx, *slot, i as u32);
         }
+        *slot = i as u32;
         *rd = rd.saturating_add(signed(bytes).saturating_neg());
         *ad = ad.saturating_add(signed(round_size(bytes)).saturating_neg());
     };
@@ -1059,7 +1131,10 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
             }
             Action::FreeRequested => match open.get(&e.addr) {
                 Some(&(idx, _)) if idx != NONE => {
-                    open_requests.entry(idx).or_insert(i as u32);
+                    if !bit(&open_requests, idx) {
+                        set_bit(&mut open_requests, idx);
+                        allocs.events[idx as usize][1] = i as u32;
+                    }
                 }
                 // Allocated before the window; counted once its free completes (as MemoryViz
                 // does: a lone free_requested is not an allocation event).
@@ -1092,10 +1167,11 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                     requested_start = requested_start.saturating_add(signed(e.size));
                     allocated_start = allocated_start.saturating_add(signed(round_size(e.size)));
                     let idx = allocs.events.len() as u32;
-                    if let Some(r) = unmatched_requests.remove(&e.addr) {
-                        open_requests.insert(idx, r);
-                    }
                     allocs.events.push([NONE, NONE]);
+                    if let Some(r) = unmatched_requests.remove(&e.addr) {
+                        set_bit(&mut open_requests, idx);
+                        allocs.events[idx as usize][1] = r;
+                    }
                     close(
                         &mut allocs.events,
                         &mut allocs.requests,
@@ -1131,8 +1207,15 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         }
     });
     // Requested free, never freed in the trace.
-    for (idx, r) in open_requests {
-        allocs.requests.set(idx, r, NONE);
+    for (w, &word) in open_requests.iter().enumerate() {
+        let mut word = word;
+        while word != 0 {
+            let idx = (w * 64) as u32 + word.trailing_zeros();
+            word &= word - 1;
+            let slot = &mut allocs.events[idx as usize][1];
+            allocs.requests.set(idx, *slot, NONE);
+            *slot = NONE;
+        }
     }
 
     // The dump's block table: exact sizes for survivors, and ghosts for blocks never traced.
@@ -1272,10 +1355,15 @@ mod tests {
             c.push(d);
         }
         assert_eq!(c.len(), plain.len());
+        // Each event alone (its rank counted), and all in order with one cursor.
+        let mut in_order = RankCursor::default();
         for (i, &d) in plain.iter().enumerate() {
-            assert_eq!(c.get(i), Some(d), "event {i}");
+            assert_eq!(c.get(i, &mut RankCursor::default()), Some(d), "event {i}");
+            assert_eq!(c.get(i, &mut in_order), Some(d), "event {i} in order");
         }
-        assert_eq!(c.get(plain.len()), None);
+        assert_eq!(c.get(plain.len(), &mut in_order), None);
+        // A cursor left elsewhere is not trusted.
+        assert_eq!(c.get(1000, &mut in_order), Some(plain[1000]));
         for (first, end) in [
             (0, 1500),
             (1, 64),

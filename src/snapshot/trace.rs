@@ -130,6 +130,9 @@ pub(crate) struct Part {
     device_free: Vec<(u32, u64)>,
 }
 
+/// A row's value in a side table (rare: kept out of the readers' inlined paths).
+#[cold]
+#[inline(never)]
 fn side<T: Copy>(table: &[(u32, T)], row: u32) -> Option<T> {
     table
         .binary_search_by_key(&row, |(r, _)| *r)
@@ -276,7 +279,7 @@ impl Part {
     }
 
     /// The stack id of row `i`.
-    #[inline]
+    #[inline(always)]
     pub fn stack(&self, i: usize) -> u32 {
         match self.rows[i].stack_code() {
             WIDE_STACK => side(&self.wide_stacks, i as u32).unwrap_or(0),
@@ -285,7 +288,7 @@ impl Part {
     }
 
     /// What most passes read of row `i`: no time, stream or metadata lookups.
-    #[inline]
+    #[inline(always)]
     pub fn core(&self, i: usize) -> Core {
         let (addr, meta) = self.addr_meta(i);
         let m = &self.metas[meta as usize];
@@ -299,7 +302,7 @@ impl Part {
     }
 
     /// The address and metadata id of row `i`.
-    #[inline]
+    #[inline(always)]
     fn addr_meta(&self, i: usize) -> (u64, u32) {
         let v = self.rows[i].addr_meta;
         let base = self.addr_base.unwrap_or(0);
@@ -313,7 +316,7 @@ impl Part {
     }
 
     /// The size of row `i` alone.
-    #[inline]
+    #[inline(always)]
     fn size(&self, i: usize) -> u64 {
         match self.rows[i].size {
             WIDE_SIZE => side(&self.wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE)),
