@@ -187,16 +187,16 @@ fn pack(p: Phase, s: Source) -> u8 {
 
 /// By the three bits of a phase (all eight: no bounds check; codes past the phases are not
 /// written).
-const PHASE_OF_BITS: [Phase; 8] = [
-    Phase::Load,
-    Phase::Forward,
-    Phase::Backward,
-    Phase::Optimizer,
-    Phase::Eval,
-    Phase::Unknown,
-    Phase::Unknown,
-    Phase::Unknown,
-];
+const PHASE_OF_BITS: [Phase; 8] = {
+    let mut table = [Phase::Unknown; 8];
+    let mut i = 0;
+    while i < Phase::ALL.len() {
+        table[i] = Phase::ALL[i];
+        i += 1;
+    }
+    table
+};
+/// Every source by its three bits (in declaration order: `s as u8` indexes it).
 const SOURCE_OF_BITS: [Source; 8] = [
     Source::Annotation,
     Source::UserMetadata,
@@ -1026,16 +1026,8 @@ mod tests {
 
     #[test]
     fn a_byte_holds_every_phase_and_source() {
-        let sources = [
-            Source::Annotation,
-            Source::UserMetadata,
-            Source::Frames,
-            Source::Position,
-            Source::StepPosition,
-            Source::None,
-        ];
         for p in Phase::ALL {
-            for s in sources {
+            for s in SOURCE_OF_BITS {
                 let mut b = IN_RANGE | FILLED;
                 set_byte(&mut b, p, s);
                 assert_eq!((phase_of_byte(b), source_of_byte(b)), (p, s));

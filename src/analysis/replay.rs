@@ -1089,16 +1089,15 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     // An open allocation's first free_requested waits in its free slot, marked here (one bit
     // per allocation), until the free comes.
     let mut open_requests: Vec<u64> = Vec::new();
-    let close = |events: &mut [[u32; 2]],
-                 requests: &mut FreeRequests,
+    let close = |allocs: &mut Allocations,
                  open_requests: &mut Vec<u64>,
                  (idx, bytes): (u32, u64),
                  i: usize,
                  rd: &mut i64,
                  ad: &mut i64| {
-        let slot = &mut events[idx as usize][1];
+        let slot = &mut allocs.events[idx as usize][1];
         if take_bit(open_requests, idx) {
-            requests.set(idx, *slot, i as u32);
+            allocs.requests.set(idx, *slot, i as u32);
         }
         *slot = i as u32;
         *rd = rd.saturating_add(signed(bytes).saturating_neg());
@@ -1114,15 +1113,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 if let Some(old) = open.insert(e.addr, (idx, e.size)) {
                     if old.0 != NONE {
                         window.lost_frees += 1;
-                        close(
-                            &mut allocs.events,
-                            &mut allocs.requests,
-                            &mut open_requests,
-                            old,
-                            i,
-                            &mut dr,
-                            &mut da,
-                        );
+                        close(&mut allocs, &mut open_requests, old, i, &mut dr, &mut da);
                     }
                 }
                 dr = dr.saturating_add(signed(e.size));
@@ -1146,15 +1137,7 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                 let slot = open.entry(e.addr).or_insert((NONE, 0));
                 if slot.0 != NONE {
                     let old = std::mem::replace(slot, (NONE, FREED));
-                    close(
-                        &mut allocs.events,
-                        &mut allocs.requests,
-                        &mut open_requests,
-                        old,
-                        i,
-                        &mut dr,
-                        &mut da,
-                    );
+                    close(&mut allocs, &mut open_requests, old, i, &mut dr, &mut da);
                 } else {
                     if slot.1 == FREED {
                         double_frees.count += 1;
@@ -1172,15 +1155,8 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
                         set_bit(&mut open_requests, idx);
                         allocs.events[idx as usize][1] = r;
                     }
-                    close(
-                        &mut allocs.events,
-                        &mut allocs.requests,
-                        &mut open_requests,
-                        (idx, e.size),
-                        i,
-                        &mut dr,
-                        &mut da,
-                    );
+                    let closed = (idx, e.size);
+                    close(&mut allocs, &mut open_requests, closed, i, &mut dr, &mut da);
                 }
             }
             Action::SegmentAlloc | Action::SegmentMap => {
