@@ -530,7 +530,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 }
 
 /// An allocation made where KV caches grow, for [`GrowthChains`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug)]
 struct GrowthNode {
     born: u32,
     /// `NO_EVENT`: never freed.
@@ -589,14 +589,12 @@ struct GrowthChains {
     /// By the birth of a replacement: the birth and bytes of the node it replaces, and its own
     /// bytes.
     replaced: FxHashMap<u32, (u32, u64, u64)>,
-    last_born: Option<u32>,
 }
 
 impl GrowthChains {
     /// The next node; nodes come in order of birth.
     fn add(&mut self, node: GrowthNode) {
-        debug_assert!(self.last_born < Some(node.born));
-        self.last_born = Some(node.born);
+        debug_assert!(self.recent.back().is_none_or(|last| last.born < node.born));
         // Nodes freed by now: every node born before their free has come.
         self.resolve_freed_by(node.born);
         if self.recent.len() == REPLACED_WITHIN as usize {
@@ -646,16 +644,9 @@ impl GrowthChains {
             bytes.insert(x, x_bytes);
             bytes.insert(y, y_bytes);
         }
-        // Chains from their first member (replaced, replacing nothing), in order of birth,
-        // with constant growth; grouped by their sizes.
-        let mut starts: Vec<u32> = next
-            .keys()
-            .copied()
-            .filter(|x| !self.replaced.contains_key(x))
-            .collect();
-        starts.sort_unstable();
-        let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
-        for start in starts {
+        // Chains from their first member (replaced, replacing nothing).
+        let starts = next.keys().filter(|x| !self.replaced.contains_key(x));
+        let chains = starts.map(|&start| {
             let mut members = vec![start];
             let mut at = start;
             // Replacements are born later: no cycles.
@@ -663,20 +654,30 @@ impl GrowthChains {
                 members.push(y);
                 at = y;
             }
-            let sizes: Vec<u64> = members.iter().map(|m| bytes[m]).collect();
-            let step = sizes[1] - sizes[0];
-            if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
-                continue;
-            }
-            chains.entry(sizes).or_default().push(members);
-        }
-        chains
-            .into_values()
-            .filter(|alike| alike.len() >= 2)
-            .flatten()
-            .flatten()
-            .collect()
+            let sizes = members.iter().map(|m| bytes[m]).collect();
+            (sizes, members)
+        });
+        alike_growth(chains)
     }
+}
+
+/// The members of the chains, given as (sizes, births) of at least two members, that grow by
+/// the same bytes each time over three or more, where another chain has the same sizes.
+fn alike_growth(chains: impl Iterator<Item = (Vec<u64>, Vec<u32>)>) -> FxHashSet<u32> {
+    let mut by_sizes: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
+    for (sizes, members) in chains {
+        let step = sizes[1] - sizes[0];
+        if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
+            continue;
+        }
+        by_sizes.entry(sizes).or_default().push(members);
+    }
+    by_sizes
+        .into_values()
+        .filter(|alike| alike.len() >= 2)
+        .flatten()
+        .flatten()
+        .collect()
 }
 
 #[cfg(test)]
@@ -715,9 +716,9 @@ mod tests {
                 }
             }
         }
-        // Chains from their first member, with constant growth; grouped by their sizes.
-        let mut chains: FxHashMap<Vec<u64>, Vec<Vec<u32>>> = FxHashMap::default();
-        for start in (0..nodes.len()).filter(|&i| !replaces[i] && next[i] != NO_EVENT) {
+        // Chains from their first member.
+        let starts = (0..nodes.len()).filter(|&i| !replaces[i] && next[i] != NO_EVENT);
+        let chains = starts.map(|start| {
             let mut members = vec![start];
             let mut at = start;
             while next[at] != NO_EVENT {
@@ -725,22 +726,10 @@ mod tests {
                 members.push(j);
                 at = j;
             }
-            let sizes: Vec<u64> = members.iter().map(|&m| nodes[m].bytes).collect();
-            let step = sizes[1] - sizes[0];
-            if sizes.len() < 3 || sizes.windows(2).any(|w| w[1] - w[0] != step) {
-                continue;
-            }
-            chains
-                .entry(sizes)
-                .or_default()
-                .push(members.iter().map(|&m| nodes[m].born).collect());
-        }
-        chains
-            .into_values()
-            .filter(|alike| alike.len() >= 2)
-            .flatten()
-            .flatten()
-            .collect()
+            let sizes = members.iter().map(|&m| nodes[m].bytes).collect();
+            (sizes, members.iter().map(|&m| nodes[m].born).collect())
+        });
+        alike_growth(chains)
     }
 
     #[test]

@@ -238,10 +238,6 @@ impl PerEvent {
         self.0.is_empty()
     }
 
-    pub fn phase(&self, i: usize) -> Phase {
-        phase_of_byte(self.0[i])
-    }
-
     pub fn source(&self, i: usize) -> Source {
         source_of_byte(self.0[i])
     }

@@ -413,6 +413,11 @@ impl EventChanges {
         self.len
     }
 
+    /// How many events change the level.
+    fn changed(&self) -> usize {
+        self.values.len()
+    }
+
     /// How many of the events before `i` (`i` < the length) change the level: counted from
     /// its block's rank (at most four words).
     #[inline(never)]
@@ -496,7 +501,7 @@ struct ChangeCursor {
 }
 
 /// A level over the trace: `start` before the first event, then one change per event. Stored as
-/// 4-byte changes with a checkpoint every 256 events (or only the events that change it, when
+/// [`EventChanges`] with a checkpoint every 256 events (or only the events that change it, when
 /// few do), so `at` costs a few hundred additions at most.
 #[derive(Clone, Debug, Default)]
 pub struct Curve {
@@ -531,8 +536,6 @@ const WIDE: i32 = i32::MIN;
 struct Deltas {
     dense: EventChanges,
     wide: FxHashMap<u32, i64>,
-    /// Events whose change is not zero (counted as they come: no pass to count them).
-    nonzero: usize,
 }
 
 impl Deltas {
@@ -542,13 +545,11 @@ impl Deltas {
         Deltas {
             dense: EventChanges::with_capacity(n),
             wide: FxHashMap::default(),
-            nonzero: 0,
         }
     }
 
     /// The change of the next event.
     fn push(&mut self, v: i64) {
-        self.nonzero += (v != 0) as usize;
         match i32::try_from(v) {
             Ok(d) if d != WIDE => self.dense.push(d),
             _ => {
@@ -560,7 +561,7 @@ impl Deltas {
 
     fn into_curve(self, start: i64) -> Curve {
         let len = self.dense.len();
-        if self.nonzero * 4 < len {
+        if self.dense.changed() * 4 < len {
             // Sparse (reserved memory changes only at segment events).
             let sparse = (0..len)
                 .zip(self.dense.range(0, len))
@@ -1084,11 +1085,11 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let mut segment_events: Vec<u32> = Vec::new();
     let mut unmatched_requests: FxHashMap<u64, u32> = FxHashMap::default();
 
-    // Closing at event i: the block was the rounded request (exact sizes come from the dump,
-    // only for blocks still open at the end). `rd`, `ad`: the changes of event i so far.
     // An open allocation's first free_requested waits in its free slot, marked here (one bit
     // per allocation), until the free comes.
     let mut open_requests: Vec<u64> = Vec::new();
+    // Closing at event i: the block was the rounded request (exact sizes come from the dump,
+    // only for blocks still open at the end). `rd`, `ad`: the changes of event i so far.
     let close = |allocs: &mut Allocations,
                  open_requests: &mut Vec<u64>,
                  (idx, bytes): (u32, u64),

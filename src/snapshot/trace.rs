@@ -334,12 +334,9 @@ impl Part {
     /// Rewrites ids (used by the parallel loader, whose parts first hold chunk-local ids).
     pub fn remap(&mut self, stack: impl Fn(u32) -> u32, text: impl Fn(TextId) -> TextId) {
         let mut wide = Vec::new();
-        for (i, r) in self.rows.iter_mut().enumerate() {
-            let old = match r.stack_code() {
-                WIDE_STACK => side(&self.wide_stacks, i as u32).unwrap_or(0),
-                s => s,
-            };
-            r.set_stack_code(stack_code(stack(old), i as u32, &mut wide));
+        for i in 0..self.rows.len() {
+            let code = stack_code(stack(self.stack(i)), i as u32, &mut wide);
+            self.rows[i].set_stack_code(code);
         }
         self.wide_stacks = wide;
         for m in &mut self.metas {
