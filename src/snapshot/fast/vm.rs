@@ -525,6 +525,19 @@ fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
 fn fetches_until_appends(data: &[u8], p: usize) -> Option<&[u8]> {
     let mut q = p;
     loop {
+        // Runs of four LONG_BINGETs (most of a real frames list) in one step: four independent
+        // loads and one branch instead of a branch per opcode.
+        while let Some(w) = data.get(q..q + 16) {
+            if w[0] == op::LONG_BINGET
+                && w[5] == op::LONG_BINGET
+                && w[10] == op::LONG_BINGET
+                && w[15] == op::LONG_BINGET
+            {
+                q += 20;
+            } else {
+                break;
+            }
+        }
         match *data.get(q)? {
             op::LONG_BINGET => q += 5,
             op::BINGET => q += 2,
