@@ -159,7 +159,9 @@ fn decompress<'a, D: Read>(
     // copied the output once more and, for a moment, held it twice.
     let mut out: Vec<u8> =
         Vec::with_capacity(stated_size(src).min(src.len().saturating_mul(MAX_BELIEVED_RATIO)));
-    advise_huge_pages(out.spare_capacity_mut());
+    // No transparent huge pages asked for here: where the kernel's memory is fragmented, each
+    // fault in an advised range waits for compaction (a 1 GB output took 2-7 s of system time
+    // instead of 1 s), and even with free huge pages it was not faster.
     match decode_into_room(&mut decoder, &mut out, decoded) {
         Ok(true) => {
             out.shrink_to_fit();
@@ -182,24 +184,6 @@ fn decompress<'a, D: Read>(
         }
         decoded.set(out.len() as u64);
     }
-}
-
-/// Asks the kernel to back `room` with huge pages where it can (Linux, transparent huge pages
-/// in `madvise` mode): a gigabyte of output is then 512 times fewer page faults.
-fn advise_huge_pages(room: &mut [std::mem::MaybeUninit<u8>]) {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        const HUGE: usize = 2 << 20;
-        let start = (room.as_ptr() as usize).div_ceil(HUGE) * HUGE;
-        let end = (room.as_ptr() as usize + room.len()) / HUGE * HUGE;
-        if end > start {
-            // SAFETY: the range lies inside `room`, memory this process owns; the advice
-            // changes how it is backed, never its contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = room;
 }
 
 /// Decodes into `out`'s spare room (up to its capacity) while another thread zeroes the pieces
