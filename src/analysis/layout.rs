@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use rayon::prelude::*;
+
 use super::replay::DeviceReplay;
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, TraceEntry};
 
@@ -461,16 +463,14 @@ pub fn for_each_layout(
     // The live allocations by address, walked beside the segments (also by address): each
     // belongs to the last segment starting at or below it, if it lies inside it. At a real
     // peak there are hundreds of thousands of both; one sort beats a tree search for each.
-    let mut live: Vec<(u64, u64, u64, bool)> = replay
-        .live(event)
-        .map(|a| {
-            let pending = a
-                .free_requested_event
-                .is_some_and(|f| event.is_some_and(|e| f <= e));
-            (a.address, a.block_bytes, a.requested_bytes, pending)
-        })
-        .collect();
-    live.sort_unstable();
+    let mut live: Vec<(u64, u64, u64, bool)> = replay.live_map(event, |a| {
+        let pending = a
+            .free_requested_event
+            .is_some_and(|f| event.is_some_and(|e| f <= e));
+        (a.address, a.block_bytes, a.requested_bytes, pending)
+    });
+    // Tuples sort by all their fields: the unstable sort gives one order.
+    live.par_sort_unstable();
     // A segment's allocations are a run of `live`: from its start up to its end or the next
     // segment's start, whichever comes first (an allocation belongs to the last segment that
     // starts at or below it, if it lies inside it).

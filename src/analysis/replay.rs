@@ -254,6 +254,25 @@ impl Allocations {
         traced.chain(ghosts)
     }
 
+    /// `f` of each of [`live`](Self::live), worked out on every core, in the same order.
+    pub fn live_map<T: Send>(
+        &self,
+        event: Option<u32>,
+        f: impl Fn(Allocation) -> T + Sync + Send,
+    ) -> Vec<T> {
+        use rayon::prelude::*;
+        let mut out: Vec<T> = self
+            .events
+            .par_iter()
+            .enumerate()
+            .with_min_len(1 << 14)
+            .filter(|(_, ev)| alive(ev[0], ev[1], event))
+            .filter_map(|(i, _)| self.get(i).map(&f))
+            .collect();
+        out.extend(self.ghosts().filter(|a| a.alive_after(event)).map(f));
+        out
+    }
+
     /// How many allocations were made before the window (freed in it, or ghosts).
     pub fn before_window(&self) -> usize {
         self.events.iter().filter(|ev| ev[0] == NONE).count() + self.ghosts.len()
@@ -1297,6 +1316,16 @@ impl DeviceReplay {
     /// big traces use.
     pub fn live(&self, event: Option<u32>) -> impl Iterator<Item = Allocation> + '_ {
         self.allocations.live(event)
+    }
+
+    /// `f` of each of [`live`](Self::live), on every core (a big trace's peak holds hundreds
+    /// of thousands of allocations), in the same order.
+    pub fn live_map<T: Send>(
+        &self,
+        event: Option<u32>,
+        f: impl Fn(Allocation) -> T + Sync + Send,
+    ) -> Vec<T> {
+        self.allocations.live_map(event, f)
     }
 
     /// [`live`](Self::live) as references into the full list of allocations (built on first

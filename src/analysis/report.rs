@@ -612,39 +612,52 @@ fn device_report_with(
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
-    // The categorizer and the two layouts each read every allocation: side by side.
-    // Sums only, with the holes too small for the largest request counted.
+    // The categorizer, the two layouts and the allocations alive at the peak each read every
+    // allocation: side by side. Sums only, with the holes too small for the largest request
+    // counted.
     let detail = Detail {
         blocks: false,
         small_hole_limit: summary.largest_request,
     };
     // Each layout is folded into what the report keeps of it at once (a big dump has
     // hundreds of thousands of segments).
-    let (categorizer, ((segments, fragmentation_at_peak), fragmentation_at_end)) = rayon::join(
-        || Categorizer::new(snapshot, &phases, replay),
-        || {
-            rayon::join(
-                || {
-                    let mut sums = LayoutSums::default();
-                    let mut listed = SegmentList::new(options.list_limit);
-                    let moment = match peak_event {
-                        Some(e) => Moment::After(e),
-                        None => Moment::WindowStart,
-                    };
-                    for_each_layout(snapshot, replay, moment, detail, &mut |s| {
-                        sums.add(&s);
-                        listed.add(&s);
-                    });
-                    (listed.finish(), sums.fragmentation(detail.small_hole_limit))
-                },
-                || {
-                    let mut sums = LayoutSums::default();
-                    for_each_layout(snapshot, replay, Moment::End, detail, &mut |s| sums.add(&s));
-                    sums.fragmentation(detail.small_hole_limit)
-                },
-            )
-        },
-    );
+    let layouts = || {
+        rayon::join(
+            || {
+                let mut sums = LayoutSums::default();
+                let mut listed = SegmentList::new(options.list_limit);
+                let moment = match peak_event {
+                    Some(e) => Moment::After(e),
+                    None => Moment::WindowStart,
+                };
+                for_each_layout(snapshot, replay, moment, detail, &mut |s| {
+                    sums.add(&s);
+                    listed.add(&s);
+                });
+                (listed.finish(), sums.fragmentation(detail.small_hole_limit))
+            },
+            || {
+                let mut sums = LayoutSums::default();
+                for_each_layout(snapshot, replay, Moment::End, detail, &mut |s| sums.add(&s));
+                sums.fragmentation(detail.small_hole_limit)
+            },
+        )
+    };
+    // Largest first; the sort is stable, so equal ones keep the replay's order.
+    let live_sorted = || {
+        let mut live = replay.live_map(peak_event, |a| a);
+        live.par_sort_by(|a, b| {
+            b.requested_bytes
+                .cmp(&a.requested_bytes)
+                .then(a.address.cmp(&b.address))
+        });
+        live
+    };
+    let (categorizer, (((segments, fragmentation_at_peak), fragmentation_at_end), live_owned)) =
+        rayon::join(
+            || Categorizer::new(snapshot, &phases, replay),
+            || rayon::join(layouts, live_sorted),
+        );
     let describe = Describe {
         sites: CallSites::new(&snapshot.interner),
         trace,
@@ -656,13 +669,7 @@ fn device_report_with(
             .and_then(|t| t.time_us)
     };
 
-    let live_owned: Vec<Allocation> = replay.live(peak_event).collect();
-    let mut live: Vec<&Allocation> = live_owned.iter().collect();
-    live.sort_by(|a, b| {
-        b.requested_bytes
-            .cmp(&a.requested_bytes)
-            .then(a.address.cmp(&b.address))
-    });
+    let live: Vec<&Allocation> = live_owned.iter().collect();
     // Claimed once for every live allocation (tens of thousands at a real peak), on every core,
     // and summed as they come: what is kept of each claim is its category and confidence.
     let categorizer = &describe.categorizer;
