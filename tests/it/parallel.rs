@@ -350,3 +350,69 @@ fn a_blocks_list_shared_by_two_segments_is_never_read_from_dropped_dicts() {
     let seq = seq.expect("the sequential reader takes a shared blocks list");
     assert_eq!(seq.segments[0].blocks.len(), seq.segments[1].blocks.len());
 }
+
+/// Segments as torch writes them, read by the chunk machines straight from their bytes: a
+/// segment of 2,500 blocks (three batches of APPENDS), one of a single block (APPEND), one of
+/// none, each with its own `segment_pool_id` tuple. The parallel reader takes the file and
+/// reads what the sequential reader reads, at default chunks and one frame per chunk.
+#[test]
+fn segments_of_many_one_and_no_blocks_read_the_same_in_parallel() {
+    use snapscan::pickle::{self, DictId, Value};
+    let src = read(&common::fixture(
+        "real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ));
+    let mut doc = pickle::parse(&src).expect("fixture parses");
+    let key = |doc: &pickle::Document, name: &str| Value::Str(doc.strings.lookup(name).unwrap());
+    let field = |doc: &pickle::Document, d: Value, k: Value| -> Option<(usize, Value)> {
+        let Value::Dict(d) = d else { return None };
+        let items = doc.dict(d);
+        let i = items.iter().position(|(kk, _)| *kk == k)?;
+        Some((i, items[i].1))
+    };
+    let root = doc.root.expect("a root");
+    let (blocks_key, address_key) = (key(&doc, "blocks"), key(&doc, "address"));
+    let Some((_, Value::List(segments))) = field(&doc, root, key(&doc, "segments")) else {
+        panic!("segments list")
+    };
+    let segs = doc.seq(segments).to_vec();
+    assert!(segs.len() >= 3, "the fixture has segments to change");
+    let blocks_of = |doc: &pickle::Document, seg: Value| match field(doc, seg, blocks_key) {
+        Some((i, Value::List(l))) => (i, l),
+        _ => panic!("a blocks list"),
+    };
+    // Many blocks: copies of the first segment's first block, each its own dict.
+    let (_, first_blocks) = blocks_of(&doc, segs[0]);
+    let Value::Dict(model) = doc.seq(first_blocks)[0] else {
+        panic!("a block dict")
+    };
+    let mut many = Vec::new();
+    for n in 0..2500i64 {
+        let mut items = doc.dict(model).to_vec();
+        for (k, v) in &mut items {
+            if *k == address_key {
+                *v = Value::Int(0x7f00_0000_0000 + n * 512);
+            }
+        }
+        doc.dicts.push(items);
+        many.push(Value::Dict(DictId(doc.dicts.len() as u32 - 1)));
+    }
+    doc.seqs[first_blocks.0 as usize] = many;
+    let (_, one) = blocks_of(&doc, segs[1]);
+    doc.seqs[one.0 as usize].truncate(1);
+    let (_, none) = blocks_of(&doc, segs[2]);
+    doc.seqs[none.0 as usize].clear();
+    let bytes = crate::replica::write(&doc);
+
+    let seq = snapshot::load_bytes_sequential("segments", &bytes).expect("the file reads");
+    assert_eq!(seq.segments[0].blocks.len(), 2500);
+    assert_eq!(seq.segments[1].blocks.len(), 1);
+    assert!(seq.segments[2].blocks.is_empty());
+    for par in [
+        snapshot::load_bytes_parallel(&bytes),
+        snapshot::load_bytes_parallel_chunked(&bytes, 1),
+    ] {
+        let par = par.expect("the parallel reader takes torch's segment layout");
+        assert_eq!(segment_lines(&seq), segment_lines(&par));
+        assert_eq!(canonical(&seq), canonical(&par));
+    }
+}

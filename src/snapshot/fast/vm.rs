@@ -1061,6 +1061,8 @@ pub struct Vm<'a, 'c> {
     /// Keys and values of the dict [`Vm::entry_body`] reads, and of a dict inside it.
     scratch_pairs: Vec<LVal>,
     scratch_pairs_inner: Vec<LVal>,
+    /// Block fields of the segment [`Vm::segment_entry`] reads.
+    scratch_blocks: Vec<[Option<LVal>; FIELDS]>,
     /// Set while [`Vm::entry_body`] reads a dict inside a dict's list (a segment's blocks).
     inner: bool,
     /// Action of each string, once looked up.
@@ -1134,6 +1136,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             scratch_vals: Vec::new(),
             scratch_pairs: Vec::new(),
             scratch_pairs_inner: Vec::new(),
+            scratch_blocks: Vec::new(),
             inner: false,
             str_action: Vec::new(),
             op_pos: 0,
@@ -1383,6 +1386,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.a.dpool.len(),
             self.segs.len(),
             self.frames_log.len(),
+            self.a.tuples.len(),
         );
         let rollback = |vm: &mut Self| {
             // Lists whose items are about to go from the pool.
@@ -1396,9 +1400,14 @@ impl<'a, 'c> Vm<'a, 'c> {
             vm.a.dicts.truncate(saved.4);
             vm.a.dpool.truncate(saved.5);
             vm.segs.truncate(saved.6);
+            vm.a.tuples.truncate(saved.8);
         };
         if self.mode == Mode::Chunk && !self.inner {
             match self.trace_entry(data, pos + 3) {
+                Some(end) => return Some(end),
+                None => rollback(self),
+            }
+            match self.segment_entry(data, pos + 3) {
                 Some(end) => return Some(end),
                 None => rollback(self),
             }

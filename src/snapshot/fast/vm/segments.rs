@@ -23,7 +23,15 @@ pub struct SegRow {
 /// Most keys a segment or block dict read here may have (torch writes 12 and 5).
 const MAX_KEYS: u32 = 64;
 
-impl Vm<'_, '_> {
+/// Where a segment's blocks come from.
+enum Blocks<'x> {
+    /// The `blocks` value of a dict the machine made (a list of block dicts).
+    Value(LVal),
+    /// Block fields read from the bytes by [`Vm::segment_entry`].
+    Read(&'x [[Option<LVal>; FIELDS]]),
+}
+
+impl<'a> Vm<'a, '_> {
     /// The fields of dict `d` by `F_*` code; `None` for a repeated field or a key that cannot be
     /// read here.
     fn fields_of(&mut self, d: u32, f: &mut [Option<LVal>; FIELDS]) -> Option<()> {
@@ -46,7 +54,13 @@ impl Vm<'_, '_> {
     }
 
     /// A scalar with other chunks' values read in; `None` for containers and what cannot be read.
+    #[inline(always)]
     fn scalar(&mut self, v: LVal) -> Option<LVal> {
+        // Values of this chunk as they are: going through `deref`'s result for them stalled
+        // on copying the 16-byte value through memory (a seventh of a segment chunk's time).
+        if !matches!(v, LVal::Ext(_)) {
+            return Some(v);
+        }
         match self.deref(v).ok()? {
             LVal::Ext(_) => None,
             v => Some(v),
@@ -101,6 +115,30 @@ impl Vm<'_, '_> {
         let mut f = [None; FIELDS];
         self.fields_of(d, &mut f)?;
         let blocks_value = f[F_BLOCKS as usize]?;
+        let (seg, pool_ext, block_values) = self.segment_of(&f, Blocks::Value(blocks_value))?;
+        // What the row was read from must not change behind it.
+        if let LVal::List(l) = blocks_value {
+            self.a.lists[l as usize].sealed = true;
+        }
+        for bv in &block_values {
+            if let LVal::Dict(bd) = *bv {
+                self.a.dicts[bd as usize].sealed = true;
+            }
+        }
+        let row = u32::try_from(self.segs.len()).ok()?;
+        self.drop_segment_dicts(d, &block_values, blocks_value, row);
+        self.segs.push(SegRow { seg, pool_ext });
+        Some(row)
+    }
+
+    /// The decoder's `segment` on fields `f`, its blocks taken from `blocks`: the segment, the
+    /// memo index of a `segment_pool_id` tuple of another chunk, and the block dicts (for
+    /// [`Blocks::Value`]). `None` to leave the dict generic.
+    fn segment_of(
+        &mut self,
+        f: &[Option<LVal>; FIELDS],
+        blocks: Blocks<'_>,
+    ) -> Option<(Segment, Option<u32>, Vec<LVal>)> {
         let device = match f[F_DEVICE as usize] {
             None => 0,
             Some(v) => match self.scalar(v)? {
@@ -141,48 +179,253 @@ impl Vm<'_, '_> {
             None => false,
         };
         let frames = self.frames_slot(f[F_FRAMES as usize])?;
-        let block_values = self.seq_items(blocks_value)?;
-        let mut blocks = Vec::with_capacity(block_values.len());
+        let (block_values, read) = match blocks {
+            Blocks::Value(v) => (self.seq_items(v)?, &[][..]),
+            Blocks::Read(read) => (Vec::new(), read),
+        };
+        let mut out = Vec::with_capacity(block_values.len() + read.len());
         let mut next_address = address;
-        for bv in &block_values {
-            let LVal::Dict(bd) = *bv else { return None };
-            let block = self.block(bd, next_address)?;
+        let mut push = |vm: &mut Self, fields: &[Option<LVal>; FIELDS]| -> Option<()> {
+            let block = vm.block(fields, next_address)?;
             next_address = block.address.saturating_add(block.size);
-            blocks.push(block);
+            out.push(block);
+            Some(())
+        };
+        // One of the two holds the blocks.
+        for &bv in &block_values {
+            let LVal::Dict(bd) = bv else { return None };
+            let s = self.a.dicts[bd as usize];
+            if s.flushed || s.sealed {
+                return None;
+            }
+            let mut fields = [None; FIELDS];
+            self.fields_of(bd, &mut fields)?;
+            push(self, &fields)?;
+        }
+        for fields in read {
+            push(self, fields)?;
         }
         let (allocated_size, active_size, requested_size) =
-            segment_sums(&blocks, allocated_size, active_size, requested_size);
-        // What the row was read from must not change behind it.
-        if let LVal::List(l) = blocks_value {
-            self.a.lists[l as usize].sealed = true;
-        }
-        for bv in &block_values {
-            if let LVal::Dict(bd) = *bv {
-                self.a.dicts[bd as usize].sealed = true;
-            }
-        }
-        let row = u32::try_from(self.segs.len()).ok()?;
-        self.drop_segment_dicts(d, &block_values, blocks_value, row);
-        self.segs.push(SegRow {
-            seg: Segment {
-                device,
-                address,
-                total_size,
-                allocated_size,
-                active_size,
-                requested_size,
-                stream,
-                pool_kind,
-                pool_id,
-                is_expandable,
-                frames,
-                blocks,
-            },
-            pool_ext,
-        });
-        Some(row)
+            segment_sums(&out, allocated_size, active_size, requested_size);
+        let seg = Segment {
+            device,
+            address,
+            total_size,
+            allocated_size,
+            active_size,
+            requested_size,
+            stream,
+            pool_kind,
+            pool_id,
+            is_expandable,
+            frames,
+            blocks: out,
+        };
+        Some((seg, pool_ext, block_values))
     }
 
+    /// A segment dict as torch writes it, read straight from the bytes at `p` (after `MARK`)
+    /// into its row: keys fetched from the memo with `device` first, scalar values, a `frames`
+    /// list and a `blocks` list of block dicts. The general path built the dicts of the
+    /// segment and of its blocks, then read them again key by key: a chunk of segments took
+    /// five times as long as a chunk of trace entries. Decodes as [`Vm::try_segment`] does;
+    /// `None` for anything else (the caller rolls back and reads the dict the general way).
+    /// The memo slots of the dicts and of the blocks list refuse a fetch, as a segment's do.
+    pub(super) fn segment_entry(&mut self, data: &'a [u8], p: usize) -> Option<usize> {
+        let (_, first, _) = self.known_key(data, p)?;
+        if first != F_DEVICE {
+            return None;
+        }
+        self.memo_refused();
+        let mut f = [None; FIELDS];
+        let mut blocks = std::mem::take(&mut self.scratch_blocks);
+        blocks.clear();
+        let end = self.segment_pairs(data, p, &mut f, &mut blocks);
+        let seg = match end {
+            Some(_) if f[F_BLOCKS as usize].is_some() => self.segment_of(&f, Blocks::Read(&blocks)),
+            _ => None,
+        };
+        self.scratch_blocks = blocks;
+        let (seg, pool_ext, _) = seg?;
+        let row = u32::try_from(self.segs.len()).ok()?;
+        self.segs.push(SegRow { seg, pool_ext });
+        self.stack.push(LVal::Seg { src: self.src, row });
+        end
+    }
+
+    /// A memo slot that refuses a fetch (a segment's dicts and blocks list).
+    fn memo_refused(&mut self) {
+        self.memo.push(LVal::Seg {
+            src: self.src,
+            row: NONE_U32,
+        });
+        self.memo_next += 1;
+    }
+
+    /// The key at `p`, fetched from the memo: its field and the position after it.
+    fn fetched_key(&mut self, data: &[u8], p: usize) -> Option<(u8, usize)> {
+        if let Some((_, field, np)) = self.known_key(data, p) {
+            return Some((field, np));
+        }
+        let (key, np) = self.fetch(data, p).ok()?;
+        Some((self.field(key).ok()?, np))
+    }
+
+    /// The pairs of a segment dict from `p` up to its SETITEMS, into `f` (its blocks' fields
+    /// into `blocks`, and `f[F_BLOCKS]` set once they are read); the position after SETITEMS.
+    fn segment_pairs(
+        &mut self,
+        data: &'a [u8],
+        mut p: usize,
+        f: &mut [Option<LVal>; FIELDS],
+        blocks: &mut Vec<[Option<LVal>; FIELDS]>,
+    ) -> Option<usize> {
+        let mut keys = 0u32;
+        loop {
+            if *data.get(p)? == op::SETITEMS {
+                // `try_segment` leaves dicts of fewer pairs generic.
+                return (keys >= 3).then_some(p + 1);
+            }
+            let (field, np) = self.fetched_key(data, p)?;
+            keys += 1;
+            if keys > MAX_KEYS || field == F_NOT_STR || field == F_ACTION {
+                return None;
+            }
+            let (v, np) = if field == F_BLOCKS {
+                if f[F_BLOCKS as usize].is_some() {
+                    return None;
+                }
+                (LVal::None, self.block_list(data, np, blocks)?)
+            } else {
+                self.segment_value(data, np, field)?
+            };
+            p = np;
+            if field != F_OTHER && f[field as usize].replace(v).is_some() {
+                return None;
+            }
+        }
+    }
+
+    /// A `blocks` list at `p`: `EMPTY_LIST MEMOIZE`, then one block dict and APPEND, or
+    /// batches of them between MARK and APPENDS (or nothing). The position after it.
+    fn block_list(
+        &mut self,
+        data: &'a [u8],
+        mut p: usize,
+        blocks: &mut Vec<[Option<LVal>; FIELDS]>,
+    ) -> Option<usize> {
+        if *data.get(p)? != op::EMPTY_LIST || *data.get(p + 1)? != op::MEMOIZE {
+            return None;
+        }
+        self.memo_refused();
+        p += 2;
+        loop {
+            match *data.get(p)? {
+                op::EMPTY_DICT => {
+                    p = self.block_dict(data, p, blocks)?;
+                    if *data.get(p)? != op::APPEND {
+                        return None;
+                    }
+                    p += 1;
+                }
+                op::MARK => {
+                    p += 1;
+                    while *data.get(p)? == op::EMPTY_DICT {
+                        p = self.block_dict(data, p, blocks)?;
+                    }
+                    if *data.get(p)? != op::APPENDS {
+                        return None;
+                    }
+                    p += 1;
+                }
+                _ => return Some(p),
+            }
+        }
+    }
+
+    /// A block dict at `p` (`EMPTY_DICT MEMOIZE MARK (key value)* SETITEMS`), its fields
+    /// pushed to `blocks`; the position after it.
+    fn block_dict(
+        &mut self,
+        data: &'a [u8],
+        mut p: usize,
+        blocks: &mut Vec<[Option<LVal>; FIELDS]>,
+    ) -> Option<usize> {
+        if *data.get(p + 1)? != op::MEMOIZE || *data.get(p + 2)? != op::MARK {
+            return None;
+        }
+        self.memo_refused();
+        p += 3;
+        let mut f = [None; FIELDS];
+        let mut keys = 0u32;
+        loop {
+            if *data.get(p)? == op::SETITEMS {
+                blocks.push(f);
+                return Some(p + 1);
+            }
+            let (field, np) = self.fetched_key(data, p)?;
+            keys += 1;
+            if keys > MAX_KEYS || field == F_NOT_STR || field == F_ACTION || field == F_BLOCKS {
+                return None;
+            }
+            let (v, np) = self.segment_value(data, np, field)?;
+            p = np;
+            if field != F_OTHER && f[field as usize].replace(v).is_some() {
+                return None;
+            }
+        }
+    }
+
+    /// A value of a segment or block dict at `p`: an int, None, a bool, a string, a memo
+    /// fetch, or (for `frames`) a list, empty or of frames fetched from other chunks. The
+    /// value as the machine would hold it and the position after it.
+    fn segment_value(&mut self, data: &'a [u8], p: usize, field: u8) -> Option<(LVal, usize)> {
+        let code = *data.get(p)?;
+        Some(match code {
+            op::BININT1 | op::BININT2 | op::BININT | op::LONG1 => {
+                let (v, len) = small_int(data, p)?;
+                let np = p + len;
+                // torch's `segment_pool_id`: a tuple of two ints, its own for each segment.
+                if field == F_POOL_ID {
+                    let (w, len) = small_int(data, np)?;
+                    if *data.get(np + len)? != op::TUPLE2 {
+                        return None;
+                    }
+                    let t = self.a.new_tuple(&[LVal::Int(v), LVal::Int(w)]).ok()?;
+                    let mut np = np + len + 1;
+                    self.memoize_if_next(data, &mut np, t);
+                    return Some((t, np));
+                }
+                (LVal::Int(v), np)
+            }
+            op::NONE => (LVal::None, p + 1),
+            op::NEWTRUE => (LVal::Bool(true), p + 1),
+            op::NEWFALSE => (LVal::Bool(false), p + 1),
+            op::SHORT_BINUNICODE => {
+                let n = *data.get(p + 1)? as usize;
+                let raw = data.get(p + 2..p + 2 + n)?;
+                let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
+                let mut np = p + 2 + n;
+                self.memoize_if_next(data, &mut np, v);
+                (v, np)
+            }
+            op::BINGET | op::LONG_BINGET => self.fetch(data, p).ok()?,
+            op::EMPTY_LIST if field == F_FRAMES => {
+                let v = self.a.new_list();
+                let mut np = p + 1;
+                self.memoize_if_next(data, &mut np, v);
+                if data.get(np) == Some(&op::MARK) {
+                    let LVal::List(l) = v else { return None };
+                    if !self.ext_frames(data, np + 1, l) {
+                        return None;
+                    }
+                    np = self.after_frames;
+                }
+                (v, np)
+            }
+            _ => return None,
+        })
+    }
     /// Gives back the pairs of segment dict `d` and of its block dicts once the segment is a
     /// row: they are the last pairs of the pool (read whole, in order), and a chunk of segments
     /// otherwise grows the pool to megabytes of dead pairs (fresh pages each chunk). Nothing
@@ -227,14 +470,9 @@ impl Vm<'_, '_> {
         self.a.dpool.truncate(low);
     }
 
-    /// The decoder's `block`, for blocks with a `frames` key (the layout since torch 2.1).
-    fn block(&mut self, bd: u32, implied_address: u64) -> Option<Block> {
-        let s = self.a.dicts[bd as usize];
-        if s.flushed || s.sealed {
-            return None;
-        }
-        let mut f = [None; FIELDS];
-        self.fields_of(bd, &mut f)?;
+    /// The decoder's `block` on fields `f`, for blocks with a `frames` key (the layout since
+    /// torch 2.1).
+    fn block(&mut self, f: &[Option<LVal>; FIELDS], implied_address: u64) -> Option<Block> {
         let address = self
             .opt_u64_of(f[F_ADDRESS as usize])?
             .unwrap_or(implied_address);
