@@ -1403,11 +1403,14 @@ impl<'a, 'c> Vm<'a, 'c> {
             vm.a.tuples.truncate(saved.8);
         };
         if self.mode == Mode::Chunk && !self.inner {
-            match self.trace_entry(data, pos + 3) {
-                Some(end) => return Some(end),
-                None => rollback(self),
-            }
-            match self.segment_entry(data, pos + 3) {
+            // The first key tells a trace entry (`action`) and a segment (`device`) from the
+            // block and frame dicts, before anything changes.
+            let read = match self.known_key(data, pos + 3) {
+                Some((_, F_ACTION, _)) => self.trace_entry(data, pos + 3),
+                Some((_, F_DEVICE, _)) => self.segment_entry(data, pos + 3),
+                _ => None,
+            };
+            match read {
                 Some(end) => return Some(end),
                 None => rollback(self),
             }
@@ -1425,13 +1428,9 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// other chunks' memos with ints, strings, `None`, memo fetches or an empty or fetched
     /// frames list as values. Decodes as [`Vm::record`] does, without the generic values of
     /// [`Vm::entry_pairs`] (a third of the reader's instructions on real dumps). `None` for
-    /// anything else (the caller rolls back and reads the dict the general way).
+    /// anything else (the caller rolls back and reads the dict the general way). The caller
+    /// has seen the `action` key at `p`.
     fn trace_entry(&mut self, data: &'a [u8], mut p: usize) -> Option<usize> {
-        // Not an entry (a segment, block or frame dict): out before anything changes.
-        let (_, first, _) = self.known_key(data, p)?;
-        if first != F_ACTION {
-            return None;
-        }
         let dict_slot = self.memo.len();
         self.memo.push(LVal::Rec {
             src: self.src,
@@ -1480,11 +1479,8 @@ impl<'a, 'c> Vm<'a, 'c> {
                         // Read here rather than by `entry_pairs`' string arm, which also takes
                         // BINUNICODE: sharing one reader cost 1 % of the instructions (callgrind).
                         op::SHORT_BINUNICODE => {
-                            let n = *data.get(p + 1)? as usize;
-                            let raw = data.get(p + 2..p + 2 + n)?;
-                            let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
-                            p += 2 + n;
-                            self.memoize_if_next(data, &mut p, v);
+                            let (v, np) = self.short_str(data, p)?;
+                            p = np;
                             v
                         }
                         op::NONE if field != F_ACTION => {
@@ -1507,16 +1503,8 @@ impl<'a, 'c> Vm<'a, 'c> {
                             v
                         }
                         op::EMPTY_LIST => {
-                            let v = self.a.new_list();
-                            p += 1;
-                            self.memoize_if_next(data, &mut p, v);
-                            if data.get(p) == Some(&op::MARK) {
-                                let LVal::List(l) = v else { return None };
-                                if !self.ext_frames(data, p + 1, l) {
-                                    return None;
-                                }
-                                p = self.after_frames;
-                            }
+                            let (v, np) = self.frames_list(data, p)?;
+                            p = np;
                             v
                         }
                         op::NONE => {
@@ -1584,6 +1572,34 @@ impl<'a, 'c> Vm<'a, 'c> {
             *p += 1;
             self.memoize_here(v);
         }
+    }
+
+    /// A SHORT_BINUNICODE at `p` (and its MEMOIZE): the string and the position after it.
+    #[inline(always)]
+    fn short_str(&mut self, data: &'a [u8], p: usize) -> Option<(LVal, usize)> {
+        let n = *data.get(p + 1)? as usize;
+        let raw = data.get(p + 2..p + 2 + n)?;
+        let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
+        let mut np = p + 2 + n;
+        self.memoize_if_next(data, &mut np, v);
+        Some((v, np))
+    }
+
+    /// A `frames` list made at `p` (EMPTY_LIST, its MEMOIZE): empty, or of frames fetched from
+    /// other chunks (see [`Vm::ext_frames`]). The list and the position after it.
+    #[inline(always)]
+    fn frames_list(&mut self, data: &'a [u8], p: usize) -> Option<(LVal, usize)> {
+        let v = self.a.new_list();
+        let mut np = p + 1;
+        self.memoize_if_next(data, &mut np, v);
+        if data.get(np) == Some(&op::MARK) {
+            let LVal::List(l) = v else { return None };
+            if !self.ext_frames(data, np + 1, l) {
+                return None;
+            }
+            np = self.after_frames;
+        }
+        Some((v, np))
     }
 
     fn memoize_here(&mut self, v: LVal) {

@@ -231,20 +231,21 @@ impl<'a> Vm<'a, '_> {
     /// five times as long as a chunk of trace entries. Decodes as [`Vm::try_segment`] does;
     /// `None` for anything else (the caller rolls back and reads the dict the general way).
     /// The memo slots of the dicts and of the blocks list refuse a fetch, as a segment's do.
+    /// The caller has seen the `device` key at `p`.
     pub(super) fn segment_entry(&mut self, data: &'a [u8], p: usize) -> Option<usize> {
-        let (_, first, _) = self.known_key(data, p)?;
-        if first != F_DEVICE {
-            return None;
-        }
         self.memo_refused();
         let mut f = [None; FIELDS];
         let mut blocks = std::mem::take(&mut self.scratch_blocks);
         blocks.clear();
-        let end = self.segment_pairs(data, p, &mut f, &mut blocks);
+        let end = self.dict_fields(data, p, &mut f, Some(&mut blocks));
         let seg = match end {
-            Some(_) if f[F_BLOCKS as usize].is_some() => self.segment_of(&f, Blocks::Read(&blocks)),
+            // `try_segment` leaves dicts of fewer pairs generic.
+            Some((_, keys)) if keys >= 3 && f[F_BLOCKS as usize].is_some() => {
+                self.segment_of(&f, Blocks::Read(&blocks))
+            }
             _ => None,
         };
+        let end = end.map(|(end, _)| end);
         self.scratch_blocks = blocks;
         let (seg, pool_ext, _) = seg?;
         let row = u32::try_from(self.segs.len()).ok()?;
@@ -271,33 +272,31 @@ impl<'a> Vm<'a, '_> {
         Some((self.field(key).ok()?, np))
     }
 
-    /// The pairs of a segment dict from `p` up to its SETITEMS, into `f` (its blocks' fields
-    /// into `blocks`, and `f[F_BLOCKS]` set once they are read); the position after SETITEMS.
-    fn segment_pairs(
+    /// The pairs of a segment or block dict from `p` up to its SETITEMS, into `f`: the
+    /// position after SETITEMS and how many pairs. A segment's blocks (with `blocks` given) go
+    /// there, `f[F_BLOCKS]` set once they are read; a block dict has none.
+    fn dict_fields(
         &mut self,
         data: &'a [u8],
         mut p: usize,
         f: &mut [Option<LVal>; FIELDS],
-        blocks: &mut Vec<[Option<LVal>; FIELDS]>,
-    ) -> Option<usize> {
+        mut blocks: Option<&mut Vec<[Option<LVal>; FIELDS]>>,
+    ) -> Option<(usize, u32)> {
         let mut keys = 0u32;
         loop {
             if *data.get(p)? == op::SETITEMS {
-                // `try_segment` leaves dicts of fewer pairs generic.
-                return (keys >= 3).then_some(p + 1);
+                return Some((p + 1, keys));
             }
             let (field, np) = self.fetched_key(data, p)?;
             keys += 1;
             if keys > MAX_KEYS || field == F_NOT_STR || field == F_ACTION {
                 return None;
             }
-            let (v, np) = if field == F_BLOCKS {
-                if f[F_BLOCKS as usize].is_some() {
-                    return None;
-                }
-                (LVal::None, self.block_list(data, np, blocks)?)
-            } else {
-                self.segment_value(data, np, field)?
+            let (v, np) = match (field, blocks.as_deref_mut()) {
+                (F_BLOCKS, None) => return None,
+                (F_BLOCKS, Some(_)) if f[F_BLOCKS as usize].is_some() => return None,
+                (F_BLOCKS, Some(blocks)) => (LVal::None, self.block_list(data, np, blocks)?),
+                _ => self.segment_value(data, np, field)?,
             };
             p = np;
             if field != F_OTHER && f[field as usize].replace(v).is_some() {
@@ -348,32 +347,17 @@ impl<'a> Vm<'a, '_> {
     fn block_dict(
         &mut self,
         data: &'a [u8],
-        mut p: usize,
+        p: usize,
         blocks: &mut Vec<[Option<LVal>; FIELDS]>,
     ) -> Option<usize> {
         if *data.get(p + 1)? != op::MEMOIZE || *data.get(p + 2)? != op::MARK {
             return None;
         }
         self.memo_refused();
-        p += 3;
         let mut f = [None; FIELDS];
-        let mut keys = 0u32;
-        loop {
-            if *data.get(p)? == op::SETITEMS {
-                blocks.push(f);
-                return Some(p + 1);
-            }
-            let (field, np) = self.fetched_key(data, p)?;
-            keys += 1;
-            if keys > MAX_KEYS || field == F_NOT_STR || field == F_ACTION || field == F_BLOCKS {
-                return None;
-            }
-            let (v, np) = self.segment_value(data, np, field)?;
-            p = np;
-            if field != F_OTHER && f[field as usize].replace(v).is_some() {
-                return None;
-            }
-        }
+        let (end, _) = self.dict_fields(data, p + 3, &mut f, None)?;
+        blocks.push(f);
+        Some(end)
     }
 
     /// A value of a segment or block dict at `p`: an int, None, a bool, a string, a memo
@@ -401,31 +385,13 @@ impl<'a> Vm<'a, '_> {
             op::NONE => (LVal::None, p + 1),
             op::NEWTRUE => (LVal::Bool(true), p + 1),
             op::NEWFALSE => (LVal::Bool(false), p + 1),
-            op::SHORT_BINUNICODE => {
-                let n = *data.get(p + 1)? as usize;
-                let raw = data.get(p + 2..p + 2 + n)?;
-                let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
-                let mut np = p + 2 + n;
-                self.memoize_if_next(data, &mut np, v);
-                (v, np)
-            }
+            op::SHORT_BINUNICODE => self.short_str(data, p)?,
             op::BINGET | op::LONG_BINGET => self.fetch(data, p).ok()?,
-            op::EMPTY_LIST if field == F_FRAMES => {
-                let v = self.a.new_list();
-                let mut np = p + 1;
-                self.memoize_if_next(data, &mut np, v);
-                if data.get(np) == Some(&op::MARK) {
-                    let LVal::List(l) = v else { return None };
-                    if !self.ext_frames(data, np + 1, l) {
-                        return None;
-                    }
-                    np = self.after_frames;
-                }
-                (v, np)
-            }
+            op::EMPTY_LIST if field == F_FRAMES => self.frames_list(data, p)?,
             _ => return None,
         })
     }
+
     /// Gives back the pairs of segment dict `d` and of its block dicts once the segment is a
     /// row: they are the last pairs of the pool (read whole, in order), and a chunk of segments
     /// otherwise grows the pool to megabytes of dead pairs (fresh pages each chunk). Nothing
