@@ -683,12 +683,44 @@ impl Curve {
             below_count: (self.start < 0) as u64,
         };
         let dense = self.deltas.len() == self.len && !self.rounded;
+        // Only the listed events change it: the runs between them are taken whole.
+        let sparse = !dense && !self.rounded && self.deltas.len() == 0;
+        let mut k = 0;
         let mut changes = self.changes(0);
         for block in 0..blocks {
             let (first, end) = (block * STEP, ((block + 1) * STEP).min(self.len));
             checkpoints.push(x.level);
             x.block_peak = (i64::MIN, first as u32);
-            if dense {
+            if sparse {
+                let mut i = first;
+                while let Some(&(e, d)) = self.sparse.get(k) {
+                    let e = e as usize;
+                    if e >= end {
+                        break;
+                    }
+                    k += 1;
+                    // A second change listed for an event is not read (as `change_at`).
+                    if e < i {
+                        continue;
+                    }
+                    x.hold(i, e);
+                    x.step(e, d);
+                    i = e + 1;
+                }
+                x.hold(i, end);
+            } else if self.rounded && self.deltas.len() == self.len {
+                // The shared table's changes rounded, but at the listed events (as `change_at`).
+                for (i, d) in (first..end).zip(self.deltas.range(first, end)) {
+                    while self.sparse.get(k).is_some_and(|&(e, _)| (e as usize) < i) {
+                        k += 1;
+                    }
+                    let d = match self.sparse.get(k) {
+                        Some(&(e, v)) if e as usize == i => v,
+                        _ => rounded(d as i64),
+                    };
+                    x.step(i, d);
+                }
+            } else if dense {
                 for (i, d) in (first..end).zip(self.deltas.range(first, end)) {
                     let d = if d == WIDE {
                         self.wide_change(i)
@@ -744,6 +776,20 @@ impl Indexer {
         if self.level < 0 {
             self.below_count += 1;
             self.below.get_or_insert((Some(i as u32), self.level));
+        }
+    }
+
+    /// Events `from..to`, none of which changes the level: as many `step`s by zero.
+    fn hold(&mut self, from: usize, to: usize) {
+        if from >= to {
+            return;
+        }
+        if self.level > self.block_peak.0 {
+            self.block_peak = (self.level, from as u32);
+        }
+        if self.level < 0 {
+            self.below_count += (to - from) as u64;
+            self.below.get_or_insert((Some(from as u32), self.level));
         }
     }
 }
@@ -859,7 +905,9 @@ impl Curve {
     /// Level after the first `n` events (`n = 0`: the start).
     fn level(&self, n: usize) -> i64 {
         let n = n.min(self.len);
-        let block = n / STEP;
+        // After the last event of a trace of whole blocks there is no checkpoint: the last
+        // block's is read forward.
+        let block = (n / STEP).min(self.checkpoints.len().saturating_sub(1));
         let Some(&base) = self.checkpoints.get(block) else {
             return self.start;
         };
@@ -1471,6 +1519,103 @@ mod tests {
                     want,
                     "case {case}: {first}..={last} of {len}"
                 );
+            }
+        }
+    }
+
+    /// A sparse curve's index (taken run by run between its changes) says what a walk over
+    /// every level says: the peak, the first level below zero and how many are.
+    #[test]
+    fn sparse_curves_index_as_a_walk_over_every_event() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for case in 0..80 {
+            let len = 1 + next(5 * STEP as u64) as usize;
+            let start = next(7) as i64 - 3;
+            let mut changes: Vec<(u32, i64)> = Vec::new();
+            for i in 0..len as u32 {
+                let d = next(7) as i64 - 3;
+                if next(40) == 0 && d != 0 {
+                    changes.push((i, d));
+                }
+            }
+            let c = Curve::from_changes(start, len, changes);
+            assert_eq!(c.deltas.len(), 0, "case {case}: sparse");
+            let levels: Vec<i64> = c.levels().collect();
+            let mut peak = (start, None);
+            let mut below = (start < 0).then_some((None, start));
+            let mut count = (start < 0) as u64;
+            for (i, &v) in levels.iter().enumerate() {
+                if v > peak.0 {
+                    peak = (v, Some(i as u32));
+                }
+                if v < 0 {
+                    count += 1;
+                    below.get_or_insert((Some(i as u32), v));
+                }
+            }
+            assert_eq!(c.peak(), peak, "case {case}");
+            assert_eq!(c.first_below_zero(), below, "case {case}");
+            assert_eq!(c.below_zero_count(), count, "case {case}");
+            for n in [0, len / 3, len / 2, len - 1, len] {
+                let want = if n == 0 { start } else { levels[n - 1] };
+                assert_eq!(c.level(n), want, "case {case}: level after {n}");
+            }
+        }
+    }
+
+    /// A rounded curve's index (the shared table rounded, but at its exceptions) says what a
+    /// walk over every event's change says.
+    #[test]
+    fn rounded_curves_index_as_a_walk_over_every_event() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for case in 0..60 {
+            let len = 1 + next(5 * STEP as u64) as usize;
+            let mut deltas = Deltas::new(len);
+            let mut exceptions = Vec::new();
+            for i in 0..len {
+                let d = next(4000) as i64 - 2000;
+                deltas.push(d);
+                if next(9) == 0 {
+                    exceptions.push((i as u32, next(5000) as i64 - 2500));
+                }
+            }
+            let requested = deltas.into_curve(next(3000) as i64 - 1500);
+            assert_eq!(requested.deltas.len(), len, "case {case}: dense");
+            let start = next(3000) as i64 - 1500;
+            let c = Curve::rounded(start, &requested, exceptions);
+            let mut level = start;
+            let mut levels = Vec::with_capacity(len);
+            let mut peak = (start, None);
+            let mut below = (start < 0).then_some((None, start));
+            let mut count = (start < 0) as u64;
+            for i in 0..len {
+                level += c.change(i);
+                levels.push(level);
+                if level > peak.0 {
+                    peak = (level, Some(i as u32));
+                }
+                if level < 0 {
+                    count += 1;
+                    below.get_or_insert((Some(i as u32), level));
+                }
+            }
+            assert_eq!(c.peak(), peak, "case {case}");
+            assert_eq!(c.first_below_zero(), below, "case {case}");
+            assert_eq!(c.below_zero_count(), count, "case {case}");
+            for n in [1, len / 3, len / 2, len] {
+                assert_eq!(c.level(n), levels[n - 1], "case {case}: level after {n}");
             }
         }
     }
