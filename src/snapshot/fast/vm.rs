@@ -1298,6 +1298,19 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.ext.field(g).map(|f| (LVal::Ext(g), f, np))
     }
 
+    /// The field of a dict key fetched from this chunk's own memo at `p`. The first chunk
+    /// stores every key: without this its segments and entries all took the general path.
+    fn local_key(&mut self, data: &[u8], p: usize) -> Option<u8> {
+        let (g, _) = memo_index(data, p)?;
+        if self.mode != Mode::Chunk || g < self.memo_base {
+            return None;
+        }
+        match *self.memo.get((g - self.memo_base) as usize)? {
+            key @ LVal::Str(_) => self.field(key).ok(),
+            _ => None,
+        }
+    }
+
     // ----- running opcodes -----
 
     /// Items above the innermost mark.
@@ -1405,9 +1418,13 @@ impl<'a, 'c> Vm<'a, 'c> {
         if self.mode == Mode::Chunk && !self.inner {
             // The first key tells a trace entry (`action`) and a segment (`device`) from the
             // block and frame dicts, before anything changes.
-            let read = match self.known_key(data, pos + 3) {
-                Some((_, F_ACTION, _)) => self.trace_entry(data, pos + 3),
-                Some((_, F_DEVICE, _)) => self.segment_entry(data, pos + 3),
+            let first = match self.known_key(data, pos + 3) {
+                Some((_, field, _)) => Some(field),
+                None => self.local_key(data, pos + 3),
+            };
+            let read = match first {
+                Some(F_ACTION) => self.trace_entry(data, pos + 3),
+                Some(F_DEVICE) => self.segment_entry(data, pos + 3),
                 _ => None,
             };
             match read {
@@ -1452,6 +1469,13 @@ impl<'a, 'c> Vm<'a, 'c> {
                 Some((_, field, np)) => {
                     p = np;
                     field
+                }
+                // Protocol 4 starts a frame every 64 KiB, between any two opcodes: one
+                // before a key is stepped over here, off the common path (one before a value
+                // leaves the entry to the general path).
+                None if code == op::FRAME => {
+                    p = self.past_frame_header(p)?;
+                    continue;
                 }
                 None => {
                     let (key, np) = self.fetch(data, p).ok()?;
@@ -1537,6 +1561,14 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.memo[dict_slot] = rec;
         self.stack.push(rec);
         Some(p)
+    }
+
+    /// The position after the FRAME at `p` when it is one of the headers between frames
+    /// (a stray FRAME is left to the general path, which refuses it).
+    #[cold]
+    fn past_frame_header(&self, p: usize) -> Option<usize> {
+        self.ctx.frame_headers.binary_search(&p).ok()?;
+        Some(p + 9)
     }
 
     /// A dict of the entry shape at `*p` inside a dict's list (one level deep only: the
@@ -1821,17 +1853,21 @@ impl<'a, 'c> Vm<'a, 'c> {
         }
         let mut refs = std::mem::take(&mut self.scratch);
         refs.clear();
-        let mut earlier = true;
+        let mut readable = true;
+        let mut local = false;
         let mut q = 0;
         while let Some((g, next)) = memo_index(bytes, q) {
-            if g >= self.memo_base {
-                earlier = false;
+            // A frame dict this chunk stored (the first pass over a trace defines its frames
+            // as it goes): captured as `content_slot` captures it.
+            if g >= self.memo_base && !self.local_frame(g) {
+                readable = false;
                 break;
             }
+            local |= g >= self.memo_base;
             refs.push(g);
             q = next;
         }
-        let ok = earlier && self.a.pool.len() + refs.len() < u32::MAX as usize;
+        let ok = readable && self.a.pool.len() + refs.len() < u32::MAX as usize;
         if ok {
             // No frames: no slot (as `content_slot` gives).
             let slot = if refs.is_empty() {
@@ -1839,9 +1875,20 @@ impl<'a, 'c> Vm<'a, 'c> {
             } else {
                 self.slot_of(&refs)
             };
-            // The items stay readable as a list (for anything else that fetches it).
+            // The items stay readable as a list (for anything else that fetches it): as
+            // fetched, other chunks' frames by memo index and this chunk's as its dicts.
             let start = self.a.pool.len() as u32;
-            self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
+            if local {
+                for &g in refs.iter() {
+                    let v = match g >= self.memo_base {
+                        true => self.memo[(g - self.memo_base) as usize],
+                        false => LVal::Ext(g),
+                    };
+                    self.a.pool.push(v);
+                }
+            } else {
+                self.a.pool.extend(refs.iter().map(|&g| LVal::Ext(g)));
+            }
             let list = &mut self.a.lists[l as usize];
             list.start = start;
             list.len = refs.len() as u32;
@@ -2388,6 +2435,17 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.slots.push(Slot::Content(boxed.clone()));
         self.slot_index.insert(boxed, s);
         s
+    }
+
+    /// Whether memo index `g` of this chunk holds a frame dict (captured now, as
+    /// [`Vm::frame_ref`] does).
+    fn local_frame(&mut self, g: u32) -> bool {
+        match self.memo.get((g - self.memo_base) as usize) {
+            Some(&v @ LVal::Dict(d)) if self.a.dicts[d as usize].memo == g => {
+                self.frame_ref(v).is_ok()
+            }
+            _ => false,
+        }
     }
 
     /// A frame dict as the memo index it was stored under (its identity across chunks); a
