@@ -1488,13 +1488,7 @@ mod tests {
     /// a walk over every event of the range finds: any range, dense or sparse curves, ties.
     #[test]
     fn peak_between_finds_what_a_walk_over_the_levels_finds() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = numbers(0x2545_f491_4f6c_dd1du64);
         for case in 0..60 {
             let len = 1 + next(4 * STEP as u64) as usize;
             let every = 1 + next(8);
@@ -1523,17 +1517,40 @@ mod tests {
         }
     }
 
-    /// A sparse curve's index (taken run by run between its changes) says what a walk over
-    /// every level says: the peak, the first level below zero and how many are.
-    #[test]
-    fn sparse_curves_index_as_a_walk_over_every_event() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
+    /// Pseudo-random numbers below `n` (xorshift), the same for the same seed.
+    fn numbers(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n: u64| {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed % n
-        };
+        }
+    }
+
+    /// `c`'s peak and levels below zero are those of a walk over `levels` from `start`.
+    fn assert_index_walks(c: &Curve, start: i64, levels: &[i64], case: usize) {
+        let mut peak = (start, None);
+        let mut below = (start < 0).then_some((None, start));
+        let mut count = (start < 0) as u64;
+        for (i, &v) in levels.iter().enumerate() {
+            if v > peak.0 {
+                peak = (v, Some(i as u32));
+            }
+            if v < 0 {
+                count += 1;
+                below.get_or_insert((Some(i as u32), v));
+            }
+        }
+        assert_eq!(c.peak(), peak, "case {case}");
+        assert_eq!(c.first_below_zero(), below, "case {case}");
+        assert_eq!(c.below_zero_count(), count, "case {case}");
+    }
+
+    /// A sparse curve's index (taken run by run between its changes) says what a walk over
+    /// every level says: the peak, the first level below zero and how many are.
+    #[test]
+    fn sparse_curves_index_as_a_walk_over_every_event() {
+        let mut next = numbers(0x9e37_79b9_7f4a_7c15u64);
         for case in 0..80 {
             let len = 1 + next(5 * STEP as u64) as usize;
             let start = next(7) as i64 - 3;
@@ -1547,21 +1564,7 @@ mod tests {
             let c = Curve::from_changes(start, len, changes);
             assert_eq!(c.deltas.len(), 0, "case {case}: sparse");
             let levels: Vec<i64> = c.levels().collect();
-            let mut peak = (start, None);
-            let mut below = (start < 0).then_some((None, start));
-            let mut count = (start < 0) as u64;
-            for (i, &v) in levels.iter().enumerate() {
-                if v > peak.0 {
-                    peak = (v, Some(i as u32));
-                }
-                if v < 0 {
-                    count += 1;
-                    below.get_or_insert((Some(i as u32), v));
-                }
-            }
-            assert_eq!(c.peak(), peak, "case {case}");
-            assert_eq!(c.first_below_zero(), below, "case {case}");
-            assert_eq!(c.below_zero_count(), count, "case {case}");
+            assert_index_walks(&c, start, &levels, case);
             for n in [0, len / 3, len / 2, len - 1, len] {
                 let want = if n == 0 { start } else { levels[n - 1] };
                 assert_eq!(c.level(n), want, "case {case}: level after {n}");
@@ -1573,13 +1576,7 @@ mod tests {
     /// walk over every event's change says.
     #[test]
     fn rounded_curves_index_as_a_walk_over_every_event() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = numbers(0x2545_f491_4f6c_dd1du64);
         for case in 0..60 {
             let len = 1 + next(5 * STEP as u64) as usize;
             let mut deltas = Deltas::new(len);
@@ -1595,25 +1592,13 @@ mod tests {
             assert_eq!(requested.deltas.len(), len, "case {case}: dense");
             let start = next(3000) as i64 - 1500;
             let c = Curve::rounded(start, &requested, exceptions);
-            let mut level = start;
-            let mut levels = Vec::with_capacity(len);
-            let mut peak = (start, None);
-            let mut below = (start < 0).then_some((None, start));
-            let mut count = (start < 0) as u64;
-            for i in 0..len {
-                level += c.change(i);
-                levels.push(level);
-                if level > peak.0 {
-                    peak = (level, Some(i as u32));
-                }
-                if level < 0 {
-                    count += 1;
-                    below.get_or_insert((Some(i as u32), level));
-                }
-            }
-            assert_eq!(c.peak(), peak, "case {case}");
-            assert_eq!(c.first_below_zero(), below, "case {case}");
-            assert_eq!(c.below_zero_count(), count, "case {case}");
+            let levels: Vec<i64> = (0..len)
+                .scan(start, |level, i| {
+                    *level += c.change(i);
+                    Some(*level)
+                })
+                .collect();
+            assert_index_walks(&c, start, &levels, case);
             for n in [1, len / 3, len / 2, len] {
                 assert_eq!(c.level(n), levels[n - 1], "case {case}: level after {n}");
             }
