@@ -1298,17 +1298,34 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.ext.field(g).map(|f| (LVal::Ext(g), f, np))
     }
 
-    /// The field of a dict key fetched from this chunk's own memo at `p`. The first chunk
-    /// stores every key: without this its segments and entries all took the general path.
-    fn local_key(&mut self, data: &[u8], p: usize) -> Option<u8> {
-        let (g, _) = memo_index(data, p)?;
-        if self.mode != Mode::Chunk || g < self.memo_base {
-            return None;
+    /// The key at `p`, fetched from the memo: its field and the position after it. The common
+    /// cases are inlined into the readers: another chunk's key whose field is known, and a
+    /// string this chunk stored (the first chunk stores every key); the rest is
+    /// [`Vm::fetched_key_slow`].
+    #[inline(always)]
+    fn fetched_key(&mut self, data: &[u8], p: usize) -> Option<(u8, usize)> {
+        if let (Some((g, np)), Mode::Chunk) = (memo_index(data, p), self.mode) {
+            if g < self.memo_base {
+                if let Some(field) = self.ext.field(g) {
+                    return Some((field, np));
+                }
+            } else if let Some(&LVal::Str(i)) = self.memo.get((g - self.memo_base) as usize) {
+                return Some((self.a.str_field[i as usize], np));
+            }
         }
-        match *self.memo.get((g - self.memo_base) as usize)? {
-            key @ LVal::Str(_) => self.field(key).ok(),
-            _ => None,
+        self.fetched_key_slow(data, p)
+    }
+
+    /// A key neither cache knows yet: other chunks' keys seen for the first time, and keys
+    /// after a FRAME header (protocol 4 starts a frame every 64 KiB, between any two opcodes).
+    #[cold]
+    #[inline(never)]
+    fn fetched_key_slow(&mut self, data: &[u8], mut p: usize) -> Option<(u8, usize)> {
+        if data.get(p) == Some(&op::FRAME) {
+            p = self.past_frame_header(p)?;
         }
+        let (key, np) = self.fetch(data, p).ok()?;
+        Some((self.field(key).ok()?, np))
     }
 
     // ----- running opcodes -----
@@ -1418,11 +1435,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         if self.mode == Mode::Chunk && !self.inner {
             // The first key tells a trace entry (`action`) and a segment (`device`) from the
             // block and frame dicts, before anything changes.
-            let first = match self.known_key(data, pos + 3) {
-                Some((_, field, _)) => Some(field),
-                None => self.local_key(data, pos + 3),
-            };
-            let read = match first {
+            let read = match self.fetched_key(data, pos + 3).map(|(field, _)| field) {
                 Some(F_ACTION) => self.trace_entry(data, pos + 3),
                 Some(F_DEVICE) => self.segment_entry(data, pos + 3),
                 _ => None,
@@ -1465,24 +1478,8 @@ impl<'a, 'c> Vm<'a, 'c> {
                 p += 1;
                 break;
             }
-            let field = match self.known_key(data, p) {
-                Some((_, field, np)) => {
-                    p = np;
-                    field
-                }
-                // Protocol 4 starts a frame every 64 KiB, between any two opcodes: one
-                // before a key is stepped over here, off the common path (one before a value
-                // leaves the entry to the general path).
-                None if code == op::FRAME => {
-                    p = self.past_frame_header(p)?;
-                    continue;
-                }
-                None => {
-                    let (key, np) = self.fetch(data, p).ok()?;
-                    p = np;
-                    self.field(key).ok()?
-                }
-            };
+            let (field, np) = self.fetched_key(data, p)?;
+            p = np;
             let code = *data.get(p)?;
             match field {
                 F_ADDR | F_SIZE | F_STREAM | F_DEVICE_FREE | F_TIME => {
@@ -2440,8 +2437,8 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// Whether memo index `g` of this chunk holds a frame dict (captured now, as
     /// [`Vm::frame_ref`] does).
     fn local_frame(&mut self, g: u32) -> bool {
-        match self.memo.get((g - self.memo_base) as usize) {
-            Some(&v @ LVal::Dict(d)) if self.a.dicts[d as usize].memo == g => {
+        match self.memo_get(g) {
+            Ok(v @ LVal::Dict(d)) if self.a.dicts[d as usize].memo == g => {
                 self.frame_ref(v).is_ok()
             }
             _ => false,

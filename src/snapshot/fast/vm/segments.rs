@@ -263,15 +263,6 @@ impl<'a> Vm<'a, '_> {
         self.memo_next += 1;
     }
 
-    /// The key at `p`, fetched from the memo: its field and the position after it.
-    fn fetched_key(&mut self, data: &[u8], p: usize) -> Option<(u8, usize)> {
-        if let Some((_, field, np)) = self.known_key(data, p) {
-            return Some((field, np));
-        }
-        let (key, np) = self.fetch(data, p).ok()?;
-        Some((self.field(key).ok()?, np))
-    }
-
     /// The pairs of a segment or block dict from `p` up to its SETITEMS, into `f`: the
     /// position after SETITEMS and how many pairs. A segment's blocks (with `blocks` given) go
     /// there, `f[F_BLOCKS]` set once they are read; a block dict has none.
