@@ -416,3 +416,91 @@ fn segments_of_many_one_and_no_blocks_read_the_same_in_parallel() {
         assert_eq!(canonical(&seq), canonical(&par));
     }
 }
+
+/// Frames lists whose memo fetches hold APPENDS and SETITEMS side by side inside an index
+/// (LONG_BINGET of 0x7565 is `6a 65 75 00 00`). The chunk machines find the end of a frames
+/// list that closes its entry by searching for those two bytes and take it only when the bytes
+/// before are a list read before; here the search stops inside an index first. The file must
+/// still read as the sequential reader reads it, at default chunks and one frame per chunk.
+#[test]
+fn frames_lists_with_appends_and_setitems_inside_an_index_read_the_same_in_parallel() {
+    use snapscan::pickle::{DictId, Document, SeqId, Value};
+    let mut doc = Document::default();
+    let text = |doc: &mut Document, t: &str| Value::Str(doc.strings.intern(t));
+    let dict = |doc: &mut Document, items: Vec<(Value, Value)>| {
+        doc.dicts.push(items);
+        Value::Dict(DictId(doc.dicts.len() as u32 - 1))
+    };
+    let list = |doc: &mut Document, items: Vec<Value>| {
+        doc.seqs.push(items);
+        Value::List(SeqId(doc.seqs.len() as u32 - 1))
+    };
+    // 30,000 strings come first: the frame dicts after them are memoized from about index
+    // 30,010 on, one index each (their name, file name and line are shared or not memoized).
+    let pad: Vec<Value> = (0..30_000)
+        .map(|i| text(&mut doc, &format!("p{i}")))
+        .collect();
+    let pad = list(&mut doc, pad);
+    let (name, filename, line) = (
+        text(&mut doc, "name"),
+        text(&mut doc, "filename"),
+        text(&mut doc, "line"),
+    );
+    let (fun, file) = (text(&mut doc, "forward"), text(&mut doc, "model.py"));
+    let frames: Vec<Value> = (0..120)
+        .map(|n| {
+            dict(
+                &mut doc,
+                vec![(name, fun), (filename, file), (line, Value::Int(n))],
+            )
+        })
+        .collect();
+    let keys = ["action", "addr", "size", "stream", "time_us", "frames"].map(|k| text(&mut doc, k));
+    let actions = ["alloc", "free_requested", "free_completed"].map(|a| text(&mut doc, a));
+    let mut entries = Vec::new();
+    for k in 0..600i64 {
+        // The first list defines all 120 frames; later ones repeat five stacks of 60 frames,
+        // each list its own object shared by its frees, as torch writes them.
+        let stack = match k {
+            0 => frames.clone(),
+            _ => frames[(k as usize % 5) * 12..][..60].to_vec(),
+        };
+        let stack = list(&mut doc, stack);
+        for (j, &action) in actions.iter().enumerate() {
+            let values = [
+                action,
+                Value::Int(0x7f00_0000_0000 + k * 1024),
+                Value::Int(512),
+                Value::Int(0),
+                Value::Int(k * 10 + j as i64),
+                stack,
+            ];
+            let items = keys.iter().copied().zip(values).collect();
+            entries.push(dict(&mut doc, items));
+        }
+    }
+    let trace = list(&mut doc, entries);
+    let traces = list(&mut doc, vec![trace]);
+    let segments = list(&mut doc, vec![]);
+    let root_keys = ["pad", "segments", "device_traces"].map(|k| text(&mut doc, k));
+    let root = dict(
+        &mut doc,
+        root_keys.into_iter().zip([pad, segments, traces]).collect(),
+    );
+    doc.root = Some(root);
+    let bytes = crate::replica::write(&doc);
+    assert!(
+        bytes.windows(3).any(|w| w == [0x6a, 0x65, 0x75]),
+        "a frames list fetches a memo index whose bytes hold APPENDS, SETITEMS"
+    );
+
+    let seq = snapshot::load_bytes_sequential("frames", &bytes).expect("the file reads");
+    assert_eq!(seq.device_traces[0].len(), 1800);
+    for par in [
+        snapshot::load_bytes_parallel(&bytes),
+        snapshot::load_bytes_parallel_chunked(&bytes, 1),
+    ] {
+        let par = par.expect("the parallel reader takes torch's trace layout");
+        assert_eq!(canonical(&seq), canonical(&par));
+    }
+}

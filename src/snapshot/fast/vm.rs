@@ -521,8 +521,52 @@ fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
     }
 }
 
-/// The bytes from `p` up to an APPENDS when they are memo fetches only (BINGET, LONG_BINGET).
-fn fetches_until_appends(data: &[u8], p: usize) -> Option<&[u8]> {
+/// Memo fetches (BINGET, LONG_BINGET) of a frames list, as bytes, with a hash of them made
+/// by [`hash_fetches`]. Equal bytes have equal hashes; a map of these compares the bytes too,
+/// so a collision only costs a comparison.
+#[derive(Clone, Copy)]
+struct FetchRun<'a> {
+    hash: u64,
+    bytes: &'a [u8],
+}
+
+impl PartialEq for FetchRun<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.bytes == other.bytes
+    }
+}
+
+impl Eq for FetchRun<'_> {}
+
+impl std::hash::Hash for FetchRun<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// `bytes` with their hash: one multiply-rotate step (the odd constant of FxHash) per eight
+/// bytes, read as whole words.
+fn hash_fetches(bytes: &[u8]) -> FetchRun<'_> {
+    let mix = |h: u64, w: u64| (h ^ w).wrapping_mul(0xf135_7aea_2e62_a9c5).rotate_left(26);
+    let mut words = bytes.chunks_exact(8);
+    let mut hash = bytes.len() as u64;
+    for w in &mut words {
+        hash = mix(hash, u64::from_le_bytes(w.try_into().unwrap_or_default()));
+    }
+    // The last eight bytes (overlapping the words before), not a copy of the remainder: a
+    // copy of a few bytes is a call to memcpy.
+    let last = match bytes.len().checked_sub(8) {
+        Some(k) => u64::from_le_bytes(bytes[k..].try_into().unwrap_or_default()),
+        None => bytes.iter().fold(0, |w, &b| w << 8 | b as u64),
+    };
+    FetchRun {
+        hash: mix(hash, last),
+        bytes,
+    }
+}
+
+/// The bytes from `p` up to an APPENDS when they are memo fetches only, with their hash.
+fn fetches_until_appends(data: &[u8], p: usize) -> Option<FetchRun<'_>> {
     let mut q = p;
     loop {
         // Runs of four LONG_BINGETs (most of a real frames list) in one step: four independent
@@ -541,11 +585,14 @@ fn fetches_until_appends(data: &[u8], p: usize) -> Option<&[u8]> {
         match *data.get(q)? {
             op::LONG_BINGET => q += 5,
             op::BINGET => q += 2,
-            op::APPENDS => return data.get(p..q),
+            op::APPENDS => return Some(hash_fetches(data.get(p..q)?)),
             _ => return None,
         }
     }
 }
+
+/// How far [`Vm::closing_run`] looks for the end of a frames list (a stack of 400 frames).
+const CLOSING_WINDOW: usize = 2048;
 
 /// Slots of the direct-mapped caches of other chunks' memo values (a power of two). Memo
 /// indices of the hot values (dict keys, action names, frame dicts) can be anywhere: in real
@@ -1074,9 +1121,9 @@ pub struct Vm<'a, 'c> {
     /// Frames lists read by [`Vm::ext_frames`], by their bytes up to APPENDS: a stack that
     /// repeats repeats its fetches byte for byte, and its list shares the first one's items
     /// and slot (sealed lists never change).
-    frames_seen: FxHashMap<&'a [u8], (u32, u32, u32)>,
+    frames_seen: FxHashMap<FetchRun<'a>, (u32, u32, u32)>,
     /// Keys of `frames_seen` in the order they came, so that a rollback removes its own.
-    frames_log: Vec<&'a [u8]>,
+    frames_log: Vec<FetchRun<'a>>,
     /// Memo values looked up in other chunks (for the work counter).
     lookups: u64,
     /// Segment dicts read here (chunk mode).
@@ -1421,7 +1468,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         let rollback = |vm: &mut Self| {
             // Lists whose items are about to go from the pool.
             for key in vm.frames_log.drain(saved.7..) {
-                vm.frames_seen.remove(key);
+                vm.frames_seen.remove(&key);
             }
             vm.memo.truncate(saved.0);
             vm.memo_next = saved.1;
@@ -1834,12 +1881,17 @@ impl<'a, 'c> Vm<'a, 'c> {
         if self.mode != Mode::Chunk || self.a.lists[l as usize].len != 0 {
             return false;
         }
-        let Some(bytes) = fetches_until_appends(data, p) else {
-            return false;
-        };
-        let end = p + bytes.len() + 1;
         // Seen before: the same bytes are the same fetches.
-        if let Some(&(start, len, slot)) = self.frames_seen.get(bytes) {
+        let (run, seen) = match self.closing_run(data, p) {
+            Some((run, seen)) => (run, Some(seen)),
+            None => match fetches_until_appends(data, p) {
+                Some(run) => (run, self.frames_seen.get(&run).copied()),
+                None => return false,
+            },
+        };
+        let bytes = run.bytes;
+        let end = p + bytes.len() + 1;
+        if let Some((start, len, slot)) = seen {
             let list = &mut self.a.lists[l as usize];
             list.start = start;
             list.len = len;
@@ -1893,11 +1945,27 @@ impl<'a, 'c> Vm<'a, 'c> {
             list.sealed = true;
             self.after_frames = end;
             self.frames_seen
-                .insert(bytes, (start, refs.len() as u32, slot));
-            self.frames_log.push(bytes);
+                .insert(run, (start, refs.len() as u32, slot));
+            self.frames_log.push(run);
         }
         self.scratch = refs;
         ok
+    }
+
+    /// A frames list that closes its trace entry, when it repeats one seen before (with what
+    /// `frames_seen` holds of it): torch writes `frames` last, so APPENDS and the entry's
+    /// SETITEMS follow it. Those two bytes are found by `memchr` (a few instructions per 32
+    /// bytes, where walking the fetches costs a few per fetch), and the bytes before them are
+    /// taken as the list only when they equal a list read before, which proves they are whole
+    /// fetches that end there. Anything else (a new list, one followed by another key, an APPENDS byte
+    /// inside a memo index that misleads the search) is scanned opcode by opcode.
+    #[inline]
+    fn closing_run(&self, data: &'a [u8], p: usize) -> Option<(FetchRun<'a>, (u32, u32, u32))> {
+        let window = data.get(p..data.len().min(p + CLOSING_WINDOW))?;
+        let end = memchr::memchr_iter(op::APPENDS, window)
+            .find(|&c| window.get(c + 1) == Some(&op::SETITEMS))?;
+        let run = hash_fetches(&window[..end]);
+        Some((run, *self.frames_seen.get(&run)?))
     }
 
     /// Runs one opcode recorded by a chunk (stitch mode). Returns the root at STOP.
