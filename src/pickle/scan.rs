@@ -532,9 +532,18 @@ pub fn memo_sources_in(data: &[u8], start: usize, end: usize) -> Box<[u32]> {
     let mut sources = Vec::new();
     let mut prev = NO_SOURCE;
     let mut pos = start;
+    // Clear of the end, an opcode of the table is stepped over by its entry (as the walk does);
+    // `op_len` takes the rest and the end.
+    let clear = end.saturating_sub(FAST_MARGIN);
     while pos < end {
-        let Step::Len(n) = op_len(data, pos) else {
-            return Box::new([]);
+        let t = FAST_LEN[data[pos] as usize];
+        let n = if t != 0 && pos < clear {
+            table_len(t, data[pos + 1])
+        } else {
+            let Step::Len(n) = op_len(data, pos) else {
+                return Box::new([]);
+            };
+            n
         };
         match data[pos] {
             op::MEMOIZE => sources.push(prev),

@@ -336,9 +336,23 @@ impl<'a> Ctx<'a> {
     /// The value stored under memo index `g` when it is a scalar or a string (read back from
     /// the opcode before its MEMOIZE); `Container` for containers.
     pub fn resolve(&self, g: u32) -> Resolved<'a> {
-        let Some(k) = self.chunk_of_memo(g) else {
-            return Resolved::Unknown;
+        let mut near = usize::MAX;
+        self.resolve_near(g, &mut near)
+    }
+
+    /// [`Ctx::resolve`], trying chunk `*near` first and leaving there the chunk that held `g`:
+    /// a machine's lookups mostly go to the chunk of the one before (a replayed trace fetches
+    /// the strings of its first pass in order), and the search over all chunks costs half of
+    /// a lookup.
+    pub fn resolve_near(&self, g: u32, near: &mut usize) -> Resolved<'a> {
+        let k = match self.holds(*near, g) {
+            true => *near,
+            false => match self.chunk_of_memo(g) {
+                Some(k) => k,
+                None => return Resolved::Unknown,
+            },
         };
+        *near = k;
         let (Some(c), Some(base)) = (self.spans.get(k), self.memo_base(k)) else {
             return Resolved::Unknown;
         };
@@ -355,12 +369,19 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Index of the chunk whose MEMOIZEs assign memo index `g`.
-    pub fn chunk_of_memo(&self, g: u32) -> Option<usize> {
-        let holds = |k: usize| match (self.memo_base(k), self.memo_count(k)) {
+    /// Whether chunk `k`'s MEMOIZEs assign memo index `g` (`false` for a chunk not counted
+    /// yet, or no chunk).
+    #[inline]
+    fn holds(&self, k: usize, g: u32) -> bool {
+        match (self.memo_base(k), self.memo_count(k)) {
             (Some(b), Some(n)) => b <= g && g - b < n,
             _ => false,
-        };
+        }
+    }
+
+    /// Index of the chunk whose MEMOIZEs assign memo index `g`.
+    pub fn chunk_of_memo(&self, g: u32) -> Option<usize> {
+        let holds = |k: usize| self.holds(k, g);
         // Bases grow with the chunk index. While chunks are still being read, the ones not
         // known yet are mostly those after the reading (whose memo indices are higher than
         // any fetched one): the search takes them as higher, and a result that does not hold
@@ -689,7 +710,53 @@ impl ExtCache {
 /// its own `compile_context` string from the first pass): read from the input each time, each
 /// chunk found them again at ~500 instructions apiece (a tenth of the reader's work on such
 /// files).
-pub type TextCache<'a> = Slots<&'a str>;
+///
+/// Direct-mapped like [`Slots`], but it grows: a replayed trace fetches its first pass's
+/// strings in a cycle (ZidongLiu: 23,105 `compile_context` strings, one per entry, about
+/// 100,000 memo indices apart end to end), and once they span more slots than there are, each
+/// evicts another before it comes round again and every fetch misses. Doubling once as many
+/// strings were evicted as there are slots gives them room (at most `TEXT_SLOTS_MAX`, 6 MiB).
+#[derive(Default)]
+pub struct TextCache<'a> {
+    slots: Vec<Tagged<&'a str>>,
+    evicted: usize,
+}
+
+/// The most slots a [`TextCache`] grows to (a power of two).
+const TEXT_SLOTS_MAX: usize = 1 << 18;
+
+impl<'a> TextCache<'a> {
+    #[inline]
+    fn get(&self, g: u32) -> Option<&'a str> {
+        let t = self
+            .slots
+            .get(g as usize & self.slots.len().wrapping_sub(1))?;
+        (t.g == g).then_some(t.v)
+    }
+
+    fn put(&mut self, g: u32, v: &'a str) {
+        let none = Tagged { g: NONE_U32, v: "" };
+        if self.slots.is_empty() {
+            self.slots = vec![none; EXT_SLOTS];
+        }
+        let mask = self.slots.len() - 1;
+        let old = self.slots[g as usize & mask].g;
+        if old != NONE_U32 && old != g {
+            self.evicted += 1;
+            if self.evicted >= self.slots.len() && self.slots.len() < TEXT_SLOTS_MAX {
+                let mut grown = vec![none; self.slots.len() * 2];
+                let mask = grown.len() - 1;
+                for t in self.slots.iter().filter(|t| t.g != NONE_U32) {
+                    grown[t.g as usize & mask] = *t;
+                }
+                self.slots = grown;
+                self.evicted = 0;
+            }
+        }
+        let mask = self.slots.len() - 1;
+        self.slots[g as usize & mask] = Tagged { g, v };
+    }
+}
 
 /// Containers and strings of one machine (or of what a chunk hands on).
 #[derive(Default)]
@@ -1126,6 +1193,8 @@ pub struct Vm<'a, 'c> {
     frames_log: Vec<FetchRun<'a>>,
     /// Memo values looked up in other chunks (for the work counter).
     lookups: u64,
+    /// The chunk that held the last memo index looked up ([`Ctx::resolve_near`]).
+    resolve_near: usize,
     /// Segment dicts read here (chunk mode).
     pub segs: Vec<SegRow>,
 }
@@ -1191,6 +1260,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames_seen: FxHashMap::default(),
             frames_log: Vec::new(),
             lookups: 0,
+            resolve_near: usize::MAX,
             segs: Vec::new(),
         }
     }
@@ -1294,7 +1364,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             return Ok(r);
         }
         self.lookups += 1;
-        let r = match self.ctx.resolve(g) {
+        let ctx = self.ctx;
+        let r = match ctx.resolve_near(g, &mut self.resolve_near) {
             Resolved::Str(s) => {
                 if self.mode == Mode::Chunk {
                     self.texts.put(g, s);
@@ -2783,3 +2854,45 @@ pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare<'a>) -> R<Ch
 
 #[allow(dead_code)]
 const _: () = assert!(std::mem::size_of::<LVal>() == 16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The strings of one round through a cycle, looked up and put back where missing: how
+    /// many were missing.
+    fn round(cache: &mut TextCache<'static>, indices: &[u32]) -> usize {
+        let mut missing = 0;
+        for &g in indices {
+            if cache.get(g).is_none() {
+                missing += 1;
+                cache.put(g, "N/A");
+            }
+        }
+        missing
+    }
+
+    /// A replayed trace's `compile_context` strings as ZidongLiu's come round: 23,105 indices
+    /// five apart, wider than the first slots. The cache grows until a round finds them all.
+    #[test]
+    fn a_text_cache_grows_to_hold_a_cycle_wider_than_its_slots() {
+        let indices: Vec<u32> = (0..23_105).map(|i| 3_000_000 + i * 5).collect();
+        let mut cache = TextCache::default();
+        let missing: Vec<usize> = (0..8).map(|_| round(&mut cache, &indices)).collect();
+        assert_eq!(missing[0], indices.len());
+        assert_eq!(missing[7], 0, "missing by round: {missing:?}");
+        // 23,105 indices five apart fall in distinct slots of 32,768 (five is odd).
+        assert_eq!(cache.slots.len(), 1 << 15, "the smallest that holds them");
+        assert!(indices.iter().all(|&g| cache.get(g) == Some("N/A")));
+    }
+
+    /// Strings that fit the slots (MAGMA27's 5,163) leave the cache at its first size.
+    #[test]
+    fn a_text_cache_whose_strings_fit_keeps_its_size() {
+        let indices: Vec<u32> = (0..5_163).map(|i| 3_000_000 + i * 3).collect();
+        let mut cache = TextCache::default();
+        let missing: Vec<usize> = (0..4).map(|_| round(&mut cache, &indices)).collect();
+        assert_eq!(missing, [indices.len(), 0, 0, 0]);
+        assert_eq!(cache.slots.len(), EXT_SLOTS);
+    }
+}
