@@ -1422,12 +1422,12 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// [`Vm::fetched_key_slow`].
     #[inline(always)]
     fn fetched_key(&mut self, data: &[u8], p: usize) -> Option<(u8, usize)> {
+        if let Some((_, field, np)) = self.known_key(data, p) {
+            return Some((field, np));
+        }
         if let (Some((g, np)), Mode::Chunk) = (memo_index(data, p), self.mode) {
-            if g < self.memo_base {
-                if let Some(field) = self.ext.field(g) {
-                    return Some((field, np));
-                }
-            } else if let Some(&LVal::Str(i)) = self.memo.get((g - self.memo_base) as usize) {
+            let local = g.checked_sub(self.memo_base);
+            if let Some(&LVal::Str(i)) = local.and_then(|k| self.memo.get(k as usize)) {
                 return Some((self.a.str_field[i as usize], np));
             }
         }
@@ -2028,8 +2028,8 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// SETITEMS follow it. Those two bytes are found by `memchr` (a few instructions per 32
     /// bytes, where walking the fetches costs a few per fetch), and the bytes before them are
     /// taken as the list only when they equal a list read before, which proves they are whole
-    /// fetches that end there. Anything else (a new list, one followed by another key, an APPENDS byte
-    /// inside a memo index that misleads the search) is scanned opcode by opcode.
+    /// fetches that end there. Anything else (a new list, one followed by another key, an
+    /// APPENDS byte inside a memo index that misleads the search) is scanned opcode by opcode.
     #[inline]
     fn closing_run(&self, data: &'a [u8], p: usize) -> Option<(FetchRun<'a>, (u32, u32, u32))> {
         let window = data.get(p..data.len().min(p + CLOSING_WINDOW))?;
