@@ -6,7 +6,8 @@ canonical JSON (sorted keys, no spaces, tuples and sets as lists, UTF-8 not esca
 the text with 64-bit FNV-1a. The loader is scripts/reference.py's safe one (refuses pickles that
 import or call anything; never runs code).
 
-    python3 scripts/canonical_digest.py fixtures/real/*.pickle fixtures/synth/*.pickle \
+    python3 scripts/canonical_digest.py fixtures/real/*.pickle fixtures/captured/*.pickle \
+        fixtures/synth/*.pickle \
         fixtures/synth/*.gz > tests/expected/canonical.json
 """
 import json

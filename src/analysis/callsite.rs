@@ -31,14 +31,33 @@ pub fn viewer_shows(name: &str, filename: &str) -> bool {
         && !OMIT_FILENAMES.iter().any(|f| filename.contains(f))
 }
 
-/// A C++ frame (from `stacks="all"`): no Python file behind it.
+/// A C++ frame (from `stacks="all"`): no Python file behind it. Symbolized by source line it
+/// names a `.cpp`; symbolized fast (`TORCH_SYMBOLIZE_MODE=fast`, the default in recent torch)
+/// it names the shared object or the interpreter binary, and `??` where no symbol was found.
 pub fn is_native(name: &str, filename: &str) -> bool {
     filename.is_empty()
         || filename == "??"
+        || name == "??"
         || [".cpp", ".cc", ".h", ".hpp", ".cu", ".cuh", ".c"]
             .iter()
             .any(|ext| filename.ends_with(ext))
+        || is_binary(filename)
         || name.contains("::")
+}
+
+/// A shared object (`libtorch_cuda.so`, `libstdc++.so.6`) or the interpreter's executable
+/// (`/usr/bin/python3.12`): never a Python source file.
+fn is_binary(filename: &str) -> bool {
+    let base = filename.rsplit(['/', '\\']).next().unwrap_or(filename);
+    let interpreter = base
+        .strip_prefix("python")
+        .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit() || c == '.'));
+    interpreter
+        || base.ends_with(".so")
+        || base.contains(".so.")
+        || base.ends_with(".dylib")
+        || base.ends_with(".dll")
+        || base.ends_with(".exe")
 }
 
 /// PyTorch's own Python code (the library, not the user's script).
@@ -113,8 +132,11 @@ fn is_machinery(name: &str, filename: &str) -> bool {
             .any(|d| filename.contains(d));
     // CPython's C API as it shows in unwound native frames (`PyMethod_New`, `_PyRun_…`).
     let c_api = (name.starts_with("Py") || name.starts_with("_Py")) && is_native(name, filename);
+    // `??`: the unwinder found no symbol, so the frame names nothing a user can act on.
+    let unresolved = name == "??";
     cpython
         || c_api
+        || unresolved
         || NAMES.iter().any(|n| name.contains(n))
         || FILES.iter().any(|f| filename.contains(f))
 }
@@ -125,7 +147,12 @@ fn autograd_node(name: &str) -> Option<&str> {
         return Some("AccumulateGrad");
     }
     let rest = name.split("torch::autograd::generated::").nth(1)?;
-    let node = rest.split("::").next()?;
+    // `AddmmBackward0::apply(...)`, or torch 2.6+'s `AddmmBackward0_apply_functional(...)`.
+    let ident_end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let ident = &rest[..ident_end];
+    let node = ident.strip_suffix("_apply_functional").unwrap_or(ident);
     node.contains("Backward").then_some(node)
 }
 
@@ -323,6 +350,43 @@ mod tests {
             lines.iter().all(|l| !l.contains("CachingAllocator")),
             "{lines:?}"
         );
+    }
+
+    #[test]
+    fn fast_symbolized_frames_of_shared_objects_and_the_interpreter_are_native() {
+        // As torch 2.11 writes them with `stacks="all"` and TORCH_SYMBOLIZE_MODE=fast: the
+        // file is the shared object or the interpreter, the line an offset, `??` where no
+        // symbol was found.
+        let mut i = Interner::default();
+        let lib = "/venv/lib/python3.12/site-packages/torch/lib/libtorch_python.so";
+        let s = stack(
+            &mut i,
+            &[
+                (lib, "torch::autograd::THPVariable_scaled_dot_product_attention(_object*, _object*, _object*)"),
+                ("/usr/bin/python3.12", "??"),
+                ("/usr/bin/python3.12", "_PyObject_MakeTpCall"),
+                ("/home/me/model.py", "forward"),
+            ],
+        );
+        assert_eq!(
+            call_site(&i, s).as_deref(),
+            Some("/home/me/model.py:0:forward")
+        );
+        let lines = stack_lines(&i, s);
+        assert!(lines.iter().all(|l| !l.contains("??")), "{lines:?}");
+        // The autograd thread: no Python frame, the node named by torch 2.6+'s functional form.
+        let s = stack(
+            &mut i,
+            &[
+                ("/lib/x86_64-linux-gnu/libstdc++.so.6", "??"),
+                (lib.trim_end_matches("python.so"), "torch::autograd::generated::MmBackward0_apply_functional(std::vector<at::Tensor, std::allocator<at::Tensor> >&&, std::array<bool, 2ul>)"),
+            ],
+        );
+        assert_eq!(call_site(&i, s).as_deref(), Some("autograd: MmBackward0"));
+        assert!(is_native("??", "/usr/bin/python3"));
+        assert!(is_native("f", "C:\\Python312\\python312.dll"));
+        assert!(!is_native("<module>", "/usr/local/bin/torchrun"));
+        assert!(!is_native("main", "/home/me/python/train.py"));
     }
 
     #[test]

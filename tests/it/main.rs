@@ -1,6 +1,7 @@
 //! One integration-test binary; each module covers one capability.
 
 mod analysis;
+mod captured;
 mod categories;
 mod cli;
 mod common;
