@@ -182,29 +182,29 @@ fn end_layout(snapshot: &Snapshot, device: i64, detail: Detail, f: &mut dyn FnMu
         .for_each(f)
 }
 
-/// Segments that existed at `moment`, undoing segment events from the end of the trace.
-fn segments_at(
-    snapshot: &Snapshot,
-    replay: &DeviceReplay,
-    moment: Moment,
-) -> BTreeMap<u64, SegInfo> {
+/// The dump's segments of `device`, by address (a later one at the same address wins).
+fn dump_segments(snapshot: &Snapshot, device: i64) -> impl Iterator<Item = SegInfo> + '_ {
+    snapshot.segments_of(device).map(|s| SegInfo {
+        address: s.address,
+        size: s.total_size,
+        stream: s.stream,
+        pool_id: s.pool_id,
+        pool_kind: s.pool_kind,
+        expandable: s.is_expandable,
+    })
+}
+
+/// The dump's segments as a map by address, for undoing segment events.
+fn dump_segment_map(snapshot: &Snapshot, device: i64) -> BTreeMap<u64, SegInfo> {
+    dump_segments(snapshot, device)
+        .map(|s| (s.address, s))
+        .collect()
+}
+
+/// Segments that existed at `moment`, by address, undoing segment events from the end of the
+/// trace.
+fn segments_at(snapshot: &Snapshot, replay: &DeviceReplay, moment: Moment) -> Vec<SegInfo> {
     let device = replay.device;
-    let mut segs: BTreeMap<u64, SegInfo> = snapshot
-        .segments_of(device)
-        .map(|s| {
-            (
-                s.address,
-                SegInfo {
-                    address: s.address,
-                    size: s.total_size,
-                    stream: s.stream,
-                    pool_id: s.pool_id,
-                    pool_kind: s.pool_kind,
-                    expandable: s.is_expandable,
-                },
-            )
-        })
-        .collect();
     let trace = snapshot.trace(device);
     let first_undone = match moment {
         Moment::End => trace.len(),
@@ -214,10 +214,26 @@ fn segments_at(
     // Only segment events change the segments (the replay listed them): undo them in reverse.
     let events = &replay.segment_events;
     let from = events.partition_point(|&i| (i as usize) < first_undone);
+    if from == events.len() {
+        // Nothing to undo (a peak after the last segment event, or a trace without any): a
+        // sorted list takes a third of a map's room, and a big dump has tens of thousands.
+        let mut segs: Vec<SegInfo> = dump_segments(snapshot, device).collect();
+        segs.sort_by_key(|s| s.address);
+        // Stable sort: of equal addresses the dump's last comes last, and is kept.
+        segs.dedup_by(|later, earlier| {
+            let same = later.address == earlier.address;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        return segs;
+    }
+    let mut segs = dump_segment_map(snapshot, device);
     for e in events[from..].iter().rev().map(|&i| trace.at(i as usize)) {
         undo_segment_event(&mut segs, &e, &mut |_| {});
     }
-    segs
+    segs.into_values().collect()
 }
 
 /// How a segment took part in undoing a segment event.
@@ -382,7 +398,7 @@ pub struct SegmentLife {
 pub fn segment_lifetimes(snapshot: &Snapshot, replay: &DeviceReplay) -> Vec<SegmentLife> {
     let trace = snapshot.trace(replay.device);
     let n = trace.len() as u32;
-    let mut segs = segments_at(snapshot, replay, Moment::End);
+    let mut segs = dump_segment_map(snapshot, replay.device);
     // Last state of each segment now in `segs`.
     let mut last: BTreeMap<u64, u32> = segs.keys().map(|&a| (a, n)).collect();
     let mut out = Vec::new();
@@ -475,7 +491,7 @@ pub fn for_each_layout(
     // segment's start, whichever comes first (an allocation belongs to the last segment that
     // starts at or below it, if it lies inside it).
     let mut next_live = 0;
-    let mut segments = segs.values().peekable();
+    let mut segments = segs.iter().peekable();
     while let Some(s) = segments.next() {
         let end = s.address.saturating_add(s.size);
         let bound = match segments.peek() {
@@ -593,7 +609,7 @@ mod tests {
                         k => Moment::After(k as u32 - 1),
                     };
                     let want: Vec<(u64, u64, u64, bool)> = segments_at(snapshot, &replay, moment)
-                        .values()
+                        .iter()
                         .map(|s| (s.address, s.size, s.stream, s.expandable))
                         .collect();
                     let got: Vec<(u64, u64, u64, bool)> = lives

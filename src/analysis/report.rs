@@ -643,13 +643,18 @@ fn device_report_with(
             },
         )
     };
-    // Largest first; the sort is stable, so equal ones keep the replay's order.
+    // Largest first, then by address, then in the replay's order (traced ones by birth, then
+    // the dump's): a total order, so the sort needs no scratch copy of the live set.
     let live_sorted = || {
         let mut live = replay.live_map(peak_event, |a| a);
-        live.par_sort_by(|a, b| {
+        live.par_sort_unstable_by(|a, b| {
             b.requested_bytes
                 .cmp(&a.requested_bytes)
                 .then(a.address.cmp(&b.address))
+                .then(a.alloc_event.is_none().cmp(&b.alloc_event.is_none()))
+                .then(a.alloc_event.cmp(&b.alloc_event))
+                .then(a.free_event.is_none().cmp(&b.free_event.is_none()))
+                .then(a.free_event.cmp(&b.free_event))
         });
         live
     };
