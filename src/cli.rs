@@ -41,6 +41,7 @@ pub struct Cli {
 pub enum Format {
     Text,
     Json,
+    #[value(alias = "md")]
     Markdown,
 }
 

@@ -64,6 +64,15 @@ fn golden_text_and_markdown_reports() {
 }
 
 #[test]
+fn md_is_short_for_markdown() {
+    let file = "fixtures/captured/oom_backward.pickle";
+    assert_eq!(
+        run_ok(&["report", "--format", "md", file]),
+        run_ok(&["report", "--format", "markdown", file])
+    );
+}
+
+#[test]
 fn golden_stats() {
     golden(
         "stats/verl.txt",
