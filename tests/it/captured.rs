@@ -1,7 +1,8 @@
 //! The snapshots captured on a GPU with their ground truth (`fixtures/captured/MANIFEST.json`,
 //! written by the capture run itself from `torch.cuda.memory_stats` with the peaks reset at
-//! each phase start, and from the caught `OutOfMemoryError`). Every figure the truth gives and
-//! the report also states is compared, with the expectation read from the manifest.
+//! each phase start, the parameter and optimizer-state bytes, and the caught
+//! `OutOfMemoryError`). Every figure the truth gives and the report also states is compared,
+//! with the expectation read from the manifest.
 
 use snapscan::analysis::report::{file_report, ReportOptions};
 use snapscan::snapshot;
@@ -34,6 +35,8 @@ fn captured_snapshots_match_the_truth_their_run_recorded() {
     assert_eq!(scenarios.len(), 8, "the capture run's eight scenarios");
     let mut failures = Vec::new();
     let mut checked = 0;
+    // Categories checked against the parameter and optimizer bytes.
+    let mut sized = 0;
     for (name, scenario) in scenarios {
         let path = common::fixture(&format!("captured/{}", scenario["file"].as_str().unwrap()));
         let loaded = snapshot::load(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -72,6 +75,28 @@ fn captured_snapshots_match_the_truth_their_run_recorded() {
                     format!("peak phase {}, truth {at_peak}", dev.peak.phase),
                 );
             }
+        }
+
+        // The weights and the Adam state at the peak, where the report is sure of them: the
+        // parameters' and the optimizer's bytes as the run counted them, within 0.1 % (a step
+        // counter or a buffer made with the model is counted with them).
+        for (category, key) in [
+            ("weights", "param_bytes"),
+            ("optimizer_state", "adam_state_bytes"),
+        ] {
+            let Some(want) = truth.get(key).and_then(|v| v.as_u64()) else {
+                continue;
+            };
+            let sure = dev.category_confidence_at_peak.get(category);
+            if sure.map(String::as_str) != Some("high") {
+                continue;
+            }
+            sized += 1;
+            let got = dev.categories_at_peak.get(category).copied().unwrap_or(0);
+            check(
+                got.abs_diff(want) * 1000 <= want,
+                format!("{category} at the peak {got} B, truth {key} {want} B"),
+            );
         }
 
         // The OOM as the caught exception and memory_stats saw it.
@@ -146,4 +171,5 @@ fn captured_snapshots_match_the_truth_their_run_recorded() {
         failures.join("\n")
     );
     assert!(checked >= 40, "only {checked} checks ran");
+    assert!(sized >= 6, "only {sized} category sizes checked");
 }
