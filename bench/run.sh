@@ -12,6 +12,8 @@
 #            compressed the 1 GB file as .zst and .gz
 #            real4g     notHanmin x1100 (about 4 GB; written to BIG_DIR, default $TMPDIR or /tmp)
 #            snapgen    simulator `train` files of about 100 MB and 1 GB (seed 7)
+#            captured   DATA_DIR/long_run.pickle.gz, a real run of about 1.2 million events that
+#                       bench/capture_long_run.py records on a GPU machine (not in the default)
 #   RUNS     hyperfine runs per command (default 5)
 #   SETTLE   seconds of rest before each file's timed runs (default 30)
 #   TOOLS    folder with replicate_trace.py and snapgen.py (default ../shared/tools, next to the
@@ -96,6 +98,20 @@ for set in $SETS; do
         FILES+=("$big.zst" "$big.gz")
         ;;
     real4g) FILES+=("$(replica notHanmin-x1100 $HAN 1100 "$BIG_DIR" | tail -1)") ;;
+    captured)
+        # One real long training run, no repetition: bench/capture_long_run.py writes
+        # long_run.pickle.gz on a GPU machine; put it into DATA_DIR.
+        f=$DATA/long_run.pickle
+        if [ ! -f "$f" ]; then
+            [ -f "$f.gz" ] || {
+                echo "bench: no $f.gz (bench/capture_long_run.py writes it on a GPU machine)" >&2
+                exit 2
+            }
+            gzip -dc "$f.gz" >"$f.part"
+            mv "$f.part" "$f"
+        fi
+        FILES+=("$f")
+        ;;
     snapgen)
         FILES+=("$(snapgen snapgen-train100 100 | tail -1)")
         FILES+=("$(snapgen snapgen-train1000 1000 | tail -1)")

@@ -83,10 +83,11 @@ pub enum Command {
         /// timeline, segments and search of `snapscan view`); --format is then ignored.
         #[arg(long, conflicts_with = "svg")]
         html: bool,
-        /// Every allocation alive at the peak and every segment in the report (default: the 100
-        /// largest allocations and the 100 segments with the most free bytes, or `--top` of
-        /// each when that is more; JSON sums the rest in `live_at_peak_omitted` /
-        /// `segments_omitted`).
+        /// Every allocation alive at the peak, every segment and every training step in the
+        /// report (default: the 100 largest allocations and the 100 segments with the most free
+        /// bytes, or `--top` of each when that is more, JSON summing the rest in
+        /// `live_at_peak_omitted` / `segments_omitted`; `--top` training steps in text and
+        /// Markdown, all of them in JSON).
         #[arg(long)]
         full: bool,
         /// One line per file: the device that ran out of memory, the failing call site and
@@ -439,6 +440,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 top,
                 stacks: stacks.is_some(),
                 python_only: stacks == Some(StackFrames::Python),
+                full,
             };
             let pictures = match &svg {
                 Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
@@ -721,6 +723,7 @@ fn view_page(
             top,
             stacks: stacks.is_some(),
             python_only: stacks == Some(StackFrames::Python),
+            full: false,
         };
         crate::render::report_text::markdown(&report, &view)
     };

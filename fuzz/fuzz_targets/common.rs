@@ -33,10 +33,13 @@ pub fn analyse(snapshot: Snapshot, len: usize) {
         schema_version: SCHEMA_VERSION,
         files: vec![file],
         ranks: None,
+        unreadable: Vec::new(),
     };
     let view = snapscan::render::report_text::View {
         top: 5,
         stacks: true,
+        python_only: false,
+        full: false,
     };
     let text = snapscan::render::report_text::text(&report, &view);
     assert!(!text.is_empty());

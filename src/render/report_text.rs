@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use crate::report::{
     CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, OmittedSegments, Oom,
-    OomHeadline, Report, SegmentReport,
+    OomHeadline, Report, SegmentReport, StepSummary,
 };
 use crate::units::{counted, format_bytes};
 
@@ -18,6 +18,8 @@ pub struct View {
     pub stacks: bool,
     /// Only their Python frames (`--stacks python`).
     pub python_only: bool,
+    /// Every row of the tables that are cut only for reading (`--full`: the training steps).
+    pub full: bool,
 }
 
 /// A stack line (`file:line:function`) of a Python frame.
@@ -81,6 +83,50 @@ fn died(a: &LiveAllocation) -> String {
         Some(e) => format!("event {e}"),
         None => "alive at end".to_owned(),
     }
+}
+
+/// The steps a table shows (indices, in order): all of them when they fit in `top` rows; else
+/// the first ones, the step of the peak with its neighbours, and the last ones. A long run has
+/// thousands of steps; the JSON keeps every one.
+fn steps_shown(steps: &[StepSummary], peak_step: Option<u32>, top: usize) -> Vec<usize> {
+    let n = steps.len();
+    let top = top.max(3);
+    if n <= top {
+        return (0..n).collect();
+    }
+    let peak = peak_step
+        .and_then(|p| steps.iter().position(|s| s.step == p))
+        .unwrap_or_else(|| {
+            // The first of the highest peaks.
+            let max = steps
+                .iter()
+                .map(|s| s.peak_requested_bytes)
+                .max()
+                .unwrap_or(0);
+            steps
+                .iter()
+                .position(|s| s.peak_requested_bytes == max)
+                .unwrap_or(0)
+        });
+    let around = if top >= 6 { 3 } else { 1 };
+    let first = (top - around) / 2;
+    let last = top - around - first;
+    let low = peak.saturating_sub(around / 2).min(n - around);
+    let mut shown: Vec<usize> = (0..first)
+        .chain(low..low + around)
+        .chain(n - last..n)
+        .collect();
+    shown.sort_unstable();
+    shown.dedup();
+    // A gap of one step takes the line its "…" row would.
+    let singles: Vec<usize> = shown
+        .windows(2)
+        .filter(|w| w[1] - w[0] == 2)
+        .map(|w| w[0] + 1)
+        .collect();
+    shown.extend(singles);
+    shown.sort_unstable();
+    shown
 }
 
 fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<Block> {
@@ -476,31 +522,57 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             .all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes);
         let growth = dev.steps.last().map_or(0, |l| l.start_requested_bytes)
             - dev.steps.first().map_or(0, |f| f.start_requested_bytes);
-        let title = if growing && dev.steps.len() > 2 && growth > 0 {
+        let rows_for_steps = if view.full { usize::MAX } else { view.top };
+        let shown = steps_shown(&dev.steps, dev.peak.step, rows_for_steps);
+        let which = (shown.len() < dev.steps.len()).then(|| {
             format!(
+                "{} of {}: the first, those around the peak and the last",
+                shown.len(),
+                dev.steps.len()
+            )
+        });
+        let title = if growing && dev.steps.len() > 2 && growth > 0 {
+            let leak = format!(
                 "Training steps — LEAK SUSPECT: memory at the start of each step grew every step, {} in total",
                 bytes(growth)
-            )
+            );
+            match which {
+                Some(which) => format!("{leak} ({which})"),
+                None => leak,
+            }
         } else {
-            "Training steps (peak of each, and memory alive when it started)".to_owned()
+            let what = "peak of each, and memory alive when it started";
+            match which {
+                Some(which) => format!("Training steps ({which}; {what})"),
+                None => format!("Training steps ({what})"),
+            }
         };
+        let mut rows = Vec::with_capacity(shown.len() + 2);
+        for (k, &i) in shown.iter().enumerate() {
+            let skipped = i - k.checked_sub(1).map_or(0, |j| shown[j] + 1);
+            if skipped > 0 {
+                rows.push(vec![
+                    "…".to_owned(),
+                    counted(skipped as u64, "step", "steps"),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ]);
+            }
+            let st = &dev.steps[i];
+            rows.push(vec![
+                st.step.to_string(),
+                format!("{}-{}", st.first_event, st.last_event),
+                bytes(st.peak_requested_bytes),
+                bytes(st.start_requested_bytes),
+                bytes(st.start_growth_bytes),
+            ]);
+        }
         out.push(Block::Table {
             title,
             header: vec!["step", "events", "peak", "at start", "growth"],
             right: vec![true, false, true, true, true],
-            rows: dev
-                .steps
-                .iter()
-                .map(|st| {
-                    vec![
-                        st.step.to_string(),
-                        format!("{}-{}", st.first_event, st.last_event),
-                        bytes(st.peak_requested_bytes),
-                        bytes(st.start_requested_bytes),
-                        bytes(st.start_growth_bytes),
-                    ]
-                })
-                .collect(),
+            rows,
         });
     }
 
@@ -1122,4 +1194,58 @@ fn md_link(target: &str) -> String {
         .replace(' ', "%20")
         .replace('(', "%28")
         .replace(')', "%29")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(peaks: &[i64]) -> Vec<StepSummary> {
+        peaks
+            .iter()
+            .enumerate()
+            .map(|(i, &peak)| StepSummary {
+                step: i as u32 + 100,
+                first_event: i as u32 * 10,
+                last_event: i as u32 * 10 + 9,
+                peak_requested_bytes: peak,
+                peak_event: i as u32 * 10 + 5,
+                start_requested_bytes: 0,
+                start_growth_bytes: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn long_runs_show_the_first_steps_those_around_the_peak_and_the_last() {
+        let mut peaks = vec![10; 556];
+        peaks[17] = 99;
+        let all = steps(&peaks);
+        // The report's peak step, by its number.
+        assert_eq!(
+            steps_shown(&all, Some(117), 8),
+            vec![0, 1, 16, 17, 18, 553, 554, 555]
+        );
+        // Without it, the first of the highest step peaks.
+        assert_eq!(
+            steps_shown(&all, None, 8),
+            vec![0, 1, 16, 17, 18, 553, 554, 555]
+        );
+        // A peak at either end, and a step number the list does not hold.
+        assert_eq!(
+            steps_shown(&all, Some(100), 8),
+            vec![0, 1, 2, 553, 554, 555]
+        );
+        assert_eq!(steps_shown(&all, Some(655), 8), vec![0, 1, 553, 554, 555]);
+        assert_eq!(
+            steps_shown(&all, Some(7), 8),
+            vec![0, 1, 16, 17, 18, 553, 554, 555]
+        );
+        // What fits is shown whole; a one-step gap shows its step instead of "…".
+        assert_eq!(steps_shown(&all[..8], None, 8), (0..8).collect::<Vec<_>>());
+        assert_eq!(
+            steps_shown(&all[..9], Some(104), 8),
+            (0..9).collect::<Vec<_>>()
+        );
+    }
 }

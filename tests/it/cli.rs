@@ -64,6 +64,49 @@ fn golden_text_and_markdown_reports() {
 }
 
 #[test]
+fn a_long_steps_table_keeps_the_rows_asked_for_and_the_json_every_step() {
+    let file = "fixtures/real/ZidongLiu__DeComFL__memory.pickle";
+    let json: serde_json::Value =
+        serde_json::from_slice(&run_ok(&["report", "--format", "json", file])).unwrap();
+    let dev = &json["files"][0]["devices"][0];
+    assert_eq!(dev["steps"].as_array().unwrap().len(), 7);
+    let peak_step = dev["peak"]["step"].as_u64().unwrap().to_string();
+    let table = |top: &str| -> (String, Vec<Vec<String>>) {
+        let text = String::from_utf8(run_ok(&["report", "--top", top, file])).unwrap();
+        let section: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Training steps"))
+            .take_while(|l| !l.starts_with("Alive at the peak"))
+            .collect();
+        let rows = section
+            .iter()
+            .skip_while(|l| !l.trim_start().starts_with("step "))
+            .skip(1)
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect();
+        (section.join(" "), rows)
+    };
+    // The default eight rows hold all seven steps.
+    let (title, rows) = table("8");
+    assert!(title.starts_with("Training steps (peak of each"), "{title}");
+    assert_eq!(rows.len(), 7);
+    // Four rows asked for: the first step, the peak's, the last two, and the one step between
+    // the peak's and those (a one-step gap shows the step); the two before the peak's are cut.
+    let (title, rows) = table("4");
+    assert!(
+        title.starts_with("Training steps (5 of 7: the first, those around the peak and the last;"),
+        "{title}"
+    );
+    let first: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+    assert_eq!(first, ["0", "…", "3", "4", "5", "6"], "{rows:?}");
+    assert_eq!(rows[1][1..], ["2", "steps"]);
+    assert!(
+        first.contains(&peak_step.as_str()),
+        "peak step {peak_step}: {rows:?}"
+    );
+}
+
+#[test]
 fn md_is_short_for_markdown() {
     let file = "fixtures/captured/oom_backward.pickle";
     assert_eq!(

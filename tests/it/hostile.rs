@@ -888,6 +888,7 @@ fn report_of(name: &str, bytes: &[u8]) -> Option<FileReport> {
                 top: 5,
                 stacks: true,
                 python_only: false,
+                full: false,
             };
             assert!(!snapscan::render::report_text::text(&r, &view).is_empty());
             assert!(!snapscan::render::json(&r).is_empty());
