@@ -851,6 +851,22 @@ fn push_item(items: &mut Vec<LVal>, nonempty: bool, v: LVal) -> bool {
 }
 
 impl<'a> Arena<'a> {
+    /// [`intern`](Self::intern) of UTF-8 bytes: the last string is recognised by its bytes,
+    /// before they are checked as UTF-8 (torch writes `compile_context` "N/A" anew in every
+    /// entry). `None` for bytes that are not UTF-8.
+    #[inline]
+    pub fn intern_utf8(&mut self, raw: &'a [u8]) -> Option<u32> {
+        if let Some(&(last, i)) = self.last_str.as_ref() {
+            if last.as_bytes() == raw {
+                return Some(i);
+            }
+        }
+        let s = std::str::from_utf8(raw).ok()?;
+        let i = self.intern_slow(s);
+        self.last_str = Some((s, i));
+        Some(i)
+    }
+
     #[inline]
     pub fn intern(&mut self, s: &'a str) -> u32 {
         // Entries repeat the same few strings ("N/A"): check the last one before hashing.
@@ -1726,7 +1742,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     fn short_str(&mut self, data: &'a [u8], p: usize) -> Option<(LVal, usize)> {
         let n = *data.get(p + 1)? as usize;
         let raw = data.get(p + 2..p + 2 + n)?;
-        let v = LVal::Str(self.a.intern(std::str::from_utf8(raw).ok()?));
+        let v = LVal::Str(self.a.intern_utf8(raw)?);
         let mut np = p + 2 + n;
         self.memoize_if_next(data, &mut np, v);
         Some((v, np))
@@ -1816,9 +1832,9 @@ impl<'a, 'c> Vm<'a, 'c> {
                         (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize, 5)
                     };
                     let raw = data.get(p + skip..p + skip + n).ok_or(Unsupported)?;
-                    let s = std::str::from_utf8(raw).map_err(|_| Unsupported)?;
+                    let i = self.a.intern_utf8(raw).ok_or(Unsupported)?;
                     p += skip + n;
-                    let v = LVal::Str(self.a.intern(s));
+                    let v = LVal::Str(i);
                     self.memoize_if_next(data, &mut p, v);
                     v
                 }
@@ -2199,8 +2215,7 @@ impl<'a, 'c> Vm<'a, 'c> {
                     .data
                     .get(at + skip..at + ins.len())
                     .ok_or(Unsupported)?;
-                let s = std::str::from_utf8(raw).map_err(|_| Unsupported)?;
-                let i = self.a.intern(s);
+                let i = self.a.intern_utf8(raw).ok_or(Unsupported)?;
                 self.stack.push(LVal::Str(i));
             }
             op::EMPTY_LIST => {
