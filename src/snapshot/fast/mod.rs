@@ -26,7 +26,7 @@ use super::intern::{Frame, FrameId, Interner, StackId, TextId};
 use super::model::{Segment, Snapshot};
 use super::trace::{Part, Trace};
 use crate::pickle::scan::{self, Chunk, End};
-use crate::pickle::{DictId, Document, PickleError, SeqId, Value};
+use crate::pickle::{DictId, Document, PickleError, SeqId, StrId, Value};
 use crate::timing::Timer;
 use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, SegRow, Slot, Unsupported, Vm, R};
 
@@ -731,6 +731,7 @@ fn finish<'a>(
         traces: FxHashMap::default(),
         seg_lists: FxHashMap::default(),
         segs_seen: FxHashSet::default(),
+        str_ids: vec![NO_STR; stitch.a.strs.len()],
     };
     let root = conv.value(root, 0)?;
     let mut doc = conv.doc;
@@ -829,7 +830,13 @@ struct ToDoc<'x, 'a, 'c> {
     /// item converted here.
     seg_lists: FxHashMap<SeqId, Vec<Option<(u32, u32)>>>,
     segs_seen: FxHashSet<(u32, u32)>,
+    /// The document's id of each of the stitch's strings once converted ([`NO_STR`]: not
+    /// yet): the annotations at the end of a long run repeat the same few keys and values
+    /// tens of thousands of times, and the document's table hashes with a keyed hasher.
+    str_ids: Vec<u32>,
 }
+
+const NO_STR: u32 = u32::MAX;
 
 const MAX_DEPTH: usize = 256;
 
@@ -891,7 +898,16 @@ impl ToDoc<'_, '_, '_> {
             LVal::Float(f) => Value::Float(f),
             LVal::Str(i) => {
                 let s = *a.strs.get(i as usize).ok_or(Unsupported)?;
-                Value::Str(self.doc.strings.intern(s))
+                match self.str_ids.get(i as usize).copied() {
+                    Some(id) if id != NO_STR => Value::Str(StrId(id)),
+                    known => {
+                        let id = self.doc.strings.intern(s);
+                        if known.is_some() {
+                            self.str_ids[i as usize] = id.0;
+                        }
+                        Value::Str(id)
+                    }
+                }
             }
             LVal::Ext(g) => match self.vm.smemo.get(&g).copied() {
                 Some(LVal::Ext(h)) if h == g => return Err(Unsupported),
