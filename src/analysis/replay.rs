@@ -272,16 +272,19 @@ impl Allocations {
             .filter(|(_, ev)| alive(ev[0], ev[1], event))
             .map(|(i, _)| i as u32)
             .collect();
-        let ghosts = self.ghosts().filter(|a| a.alive_after(event)).count();
-        let mut values: Vec<Option<T>> = Vec::with_capacity(traced.len() + ghosts);
+        // Room for the ghosts too (at most all of them), so that the extend below stays in
+        // this allocation.
+        let mut values: Vec<Option<T>> = Vec::with_capacity(traced.len() + self.ghosts.len());
         traced
             .par_iter()
             .with_min_len(1 << 12)
             .map(|&i| self.get(i as usize).map(&f))
             .collect_into_vec(&mut values);
         drop(traced);
-        // Reuses the allocation (an `Option` of these takes no more room than the value).
-        let mut out: Vec<T> = values.into_iter().flatten().collect();
+        // `filter_map` collects in place (an `Option` of these takes no more room than the
+        // value); `flatten` would copy into a second vector.
+        #[allow(clippy::filter_map_identity)]
+        let mut out: Vec<T> = values.into_iter().filter_map(|v| v).collect();
         out.extend(self.ghosts().filter(|a| a.alive_after(event)).map(f));
         out
     }

@@ -898,16 +898,13 @@ impl ToDoc<'_, '_, '_> {
             LVal::Float(f) => Value::Float(f),
             LVal::Str(i) => {
                 let s = *a.strs.get(i as usize).ok_or(Unsupported)?;
-                match self.str_ids.get(i as usize).copied() {
-                    Some(id) if id != NO_STR => Value::Str(StrId(id)),
-                    known => {
-                        let id = self.doc.strings.intern(s);
-                        if known.is_some() {
-                            self.str_ids[i as usize] = id.0;
-                        }
-                        Value::Str(id)
-                    }
+                // One slot per string of the arena (`a` is the stitch's, which `str_ids` was
+                // sized from).
+                let slot = self.str_ids.get_mut(i as usize).ok_or(Unsupported)?;
+                if *slot == NO_STR {
+                    *slot = self.doc.strings.intern(s).0;
                 }
+                Value::Str(StrId(*slot))
             }
             LVal::Ext(g) => match self.vm.smemo.get(&g).copied() {
                 Some(LVal::Ext(h)) if h == g => return Err(Unsupported),

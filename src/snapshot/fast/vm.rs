@@ -856,25 +856,29 @@ impl<'a> Arena<'a> {
     /// entry). `None` for bytes that are not UTF-8.
     #[inline]
     pub fn intern_utf8(&mut self, raw: &'a [u8]) -> Option<u32> {
-        if let Some(&(last, i)) = self.last_str.as_ref() {
-            if last.as_bytes() == raw {
-                return Some(i);
-            }
+        if let Some(i) = self.last_is(raw) {
+            return Some(i);
         }
-        let s = std::str::from_utf8(raw).ok()?;
-        let i = self.intern_slow(s);
-        self.last_str = Some((s, i));
-        Some(i)
+        Some(self.remember(std::str::from_utf8(raw).ok()?))
     }
 
     #[inline]
     pub fn intern(&mut self, s: &'a str) -> u32 {
-        // Entries repeat the same few strings ("N/A"): check the last one before hashing.
-        if let Some(&(last, i)) = self.last_str.as_ref() {
-            if last == s {
-                return i;
-            }
+        match self.last_is(s.as_bytes()) {
+            Some(i) => i,
+            None => self.remember(s),
         }
+    }
+
+    /// Entries repeat the same few strings ("N/A"): the last one is checked before hashing.
+    #[inline]
+    fn last_is(&self, raw: &[u8]) -> Option<u32> {
+        let &(last, i) = self.last_str.as_ref()?;
+        (last.as_bytes() == raw).then_some(i)
+    }
+
+    /// Interns `s` and keeps it as the last string.
+    fn remember(&mut self, s: &'a str) -> u32 {
         let i = self.intern_slow(s);
         self.last_str = Some((s, i));
         i
