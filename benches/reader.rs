@@ -1,4 +1,4 @@
-//! Throughput of the reader, the replay and the whole report, in input bytes per second, on the largest real
+//! Throughput of the reader (and of its memo walk), the replay and the whole report, in input bytes per second, on the largest real
 //! fixture (3.9 MB, 22k trace entries with stacks). Run with `cargo bench --features bench`;
 //! `bench/run.sh` measures whole commands on 10 MB – 1 GB files.
 
@@ -28,6 +28,17 @@ fn reader(c: &mut Criterion) {
     });
     g.bench_function("pickle document only", |b| {
         b.iter(|| snapscan::pickle::parse(&data).expect("pickle"))
+    });
+    // The count of MEMOIZEs the two-thread reader's helper walks for, in 1 MiB ranges as the
+    // reader cuts them, over a real-shaped file named by SNAPSCAN_BENCH_WALK (a replica from
+    // bench/run.sh), else in 64 KiB ranges over the fixture (60 of them).
+    let (walked, range) = match std::env::var_os("SNAPSCAN_BENCH_WALK") {
+        Some(path) => (std::fs::read(path).expect("SNAPSCAN_BENCH_WALK"), 1 << 20),
+        None => (data.clone(), 64 << 10),
+    };
+    g.throughput(Throughput::Bytes(walked.len() as u64));
+    g.bench_function("memo walk", |b| {
+        b.iter(|| snapscan::pickle::walk_memos(&walked, range).expect("walk"))
     });
     g.finish();
 }

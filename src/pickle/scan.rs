@@ -300,112 +300,32 @@ fn fast_lanes(data: &[u8], cs: &mut [Cursor]) {
     }
 }
 
-/// Walks `ranges`, `LANES` at a time: a lane that reaches the end of its range takes the next
-/// one, so that the fast loop keeps four walks interleaved to the last few ranges. (Groups of
-/// four walked together left their longer walks to finish one at a time, several times slower:
-/// ranges of the same size hold very different opcodes.) The walks come out in the ranges'
-/// order, each once those before it are done.
-pub struct LaneWalk<'d, 'r> {
-    data: &'d [u8],
-    ranges: &'r [(usize, usize)],
-    /// The lanes' cursors and the index of the range each walks.
-    cs: Vec<Cursor>,
-    of: Vec<usize>,
-    /// The next range no lane has taken yet.
-    next: usize,
-    /// Finished walks by range, and how many have come out.
-    walks: Vec<Option<Walk>>,
-    given: usize,
-}
-
-impl<'d, 'r> LaneWalk<'d, 'r> {
-    pub fn new(data: &'d [u8], ranges: &'r [(usize, usize)]) -> Self {
-        LaneWalk {
-            data,
-            ranges,
-            cs: Vec::with_capacity(LANES),
-            of: Vec::with_capacity(LANES),
-            next: 0,
-            walks: vec![None; ranges.len()],
-            given: 0,
-        }
-    }
-
-    /// Records finished walks and gives their lanes the next ranges; then steps every lane
-    /// (all four interleaved while four are busy, the last few one by one).
-    fn advance(&mut self) {
-        let mut i = 0;
-        while i < self.cs.len() {
-            if !self.cs[i].done {
-                i += 1;
-                continue;
-            }
-            self.walks[self.of[i]] = Some(self.cs[i].w);
-            match self.ranges.get(self.next) {
-                Some(&r) => {
-                    self.cs[i] = Cursor::over(r);
-                    self.of[i] = self.next;
-                    self.next += 1;
-                }
-                None => {
-                    self.cs.swap_remove(i);
-                    self.of.swap_remove(i);
-                }
-            }
-        }
-        while self.cs.len() < LANES {
-            let Some(&r) = self.ranges.get(self.next) else {
-                break;
-            };
-            self.cs.push(Cursor::over(r));
-            self.of.push(self.next);
-            self.next += 1;
-        }
-        if self.cs.iter().any(|c| c.done) {
-            return;
-        }
-        if self.cs.len() == LANES {
-            fast_lanes(self.data, &mut self.cs);
-            // One careful step each (the one that stopped the fast loop needs it).
-            for c in &mut self.cs {
-                c.step(self.data);
-            }
-        } else if let Some(c) = self.cs.first_mut() {
-            while !c.done {
-                c.step(self.data);
-            }
-        }
-    }
-}
-
-impl Iterator for LaneWalk<'_, '_> {
-    type Item = Walk;
-
-    fn next(&mut self) -> Option<Walk> {
-        loop {
-            if let Some(w) = *self.walks.get(self.given)? {
-                self.given += 1;
-                return Some(w);
-            }
-            self.advance();
-        }
-    }
-}
-
-impl Cursor {
-    fn over((start, end): (usize, usize)) -> Cursor {
-        Cursor {
-            pos: start,
-            end,
-            w: Walk::default(),
-            done: start >= end,
-        }
-    }
-}
-
-/// The walks of `ranges`, in order (see [`LaneWalk`]).
+/// Walks up to `LANES` ranges at once.
 fn walk_group(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
-    LaneWalk::new(data, ranges).collect()
+    let mut cs: Vec<Cursor> = ranges
+        .iter()
+        .map(|&(s, e)| Cursor {
+            pos: s,
+            end: e,
+            w: Walk::default(),
+            done: s >= e,
+        })
+        .collect();
+    if cs.len() == LANES {
+        while cs.iter().all(|c| !c.done) {
+            fast_lanes(data, &mut cs);
+            // One careful step each (the one that stopped the fast loop needs it).
+            for c in &mut cs {
+                c.step(data);
+            }
+        }
+    }
+    for c in &mut cs {
+        while !c.done {
+            c.step(data);
+        }
+    }
+    cs.into_iter().map(|c| c.w).collect()
 }
 
 #[cfg(test)]
@@ -443,11 +363,9 @@ fn walk(data: &[u8], start: usize, end: usize) -> Walk {
 /// plain-data opcodes, or uses memo opcodes with explicit indices: the sequential reader
 /// handles those.
 pub fn scan(data: &[u8], plan: Plan, release: &(dyn Fn(usize, usize) + Sync)) -> Option<Scan> {
-    // Runs of ranges long enough for the lanes to stay busy, two per thread to even them out.
-    let run = (plan.ranges.len() / (2 * rayon::current_num_threads())).max(LANES);
     let walks: Vec<Walk> = plan
         .ranges
-        .par_chunks(run)
+        .par_chunks(LANES)
         .flat_map_iter(|group| {
             let w = walk_group(data, group);
             for &(s, e) in group {
@@ -589,6 +507,14 @@ pub fn plan(
     })
 }
 
+/// Walks `ranges` on this thread, `LANES` at a time.
+pub fn walk_in_order(data: &[u8], ranges: &[(usize, usize)]) -> Vec<Walk> {
+    ranges
+        .chunks(LANES)
+        .flat_map(|group| walk_group(data, group))
+        .collect()
+}
+
 /// A MEMOIZE with no value before it in its range.
 pub const NO_SOURCE: u32 = u32::MAX;
 
@@ -687,41 +613,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// Many ranges of uneven lengths (long enough for the fast loop), cut between the body's
-    /// repeats: each lane takes the next range when done, and the walks still come out in
-    /// order, each as a walk of its range alone finds it.
-    #[test]
-    fn lanes_that_take_the_next_range_give_each_range_its_own_walk() {
-        let body: Vec<u8> =
-            b"]\x94(\x8c\x01a\x94K\x01\x8a\x02\x94\x94J\x94\x94\x94\x94e".repeat(3000);
-        let mut p = framed(&body);
-        p.push(b'.');
-        let n = p.len();
-        let mut cuts = vec![11];
-        let mut at = 11;
-        let mut k = 0;
-        while at < n {
-            // The body repeats every 19 bytes.
-            at = (at + 19 * (80 + (k * 53) % 200)).min(n);
-            cuts.push(at);
-            k += 1;
-        }
-        let ranges: Vec<(usize, usize)> = cuts.windows(2).map(|w| (w[0], w[1])).collect();
-        assert!(ranges.len() > 3 * LANES, "{}", ranges.len());
-        let got: Vec<Walk> = LaneWalk::new(&p, &ranges).collect();
-        assert_eq!(got.len(), ranges.len());
-        for (got, &(s, e)) in got.iter().zip(&ranges) {
-            let want = walk(&p, s, e);
-            assert_eq!(
-                (got.memos, got.stop, got.cut, got.unsupported),
-                (want.memos, want.stop, want.cut, want.unsupported),
-                "range {s}..{e}"
-            );
-        }
-        // Two MEMOIZE opcodes a repeat; the other 0x94 bytes are arguments.
-        assert_eq!(got.iter().map(|w| w.memos).sum::<u32>(), 3000 * 2);
     }
 
     #[test]

@@ -190,9 +190,8 @@ pub fn force_split(chunk: Option<usize>) {
 /// With `helper`, a second thread walks ahead (counting only) until what the first has left
 /// before the walk's position is a little more than what lies after it, then runs the chunks
 /// from there in order; done, it takes the first thread's last chunks from the back (the walk
-/// gave their bases), so that neither thread waits long for the other. The walk (one
-/// [`scan::LaneWalk`], checked chunk by chunk) starts at the first chunk: it is several times
-/// as fast as running, so a walk that started further in
+/// gave their bases), so that neither thread waits long for the other. The walk starts at the
+/// first chunk: it is about ten times as fast as running, so a walk that started further in
 /// reached STOP before the first thread had recorded the base it counts from, and the helper
 /// ran nothing (two threads were no faster than one). Fails (for the parallel walk to take
 /// over) on anything unusual: a cut input, STOP before the last chunk, counts that disagree.
@@ -281,7 +280,6 @@ fn read_in_order<'a>(
     };
     let second_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut walked: Vec<u32> = Vec::new();
-        let mut walk = scan::LaneWalk::new(data, &plan.ranges[from.min(n)..]);
         let mut k = from;
         let start = loop {
             if k >= n {
@@ -325,17 +323,18 @@ fn read_in_order<'a>(
                 }
                 break (k, base);
             }
-            let Some(w) = walk.next() else {
-                return Ok(Vec::new());
-            };
-            if w.unsupported || w.stop.is_some() || w.cut.is_some() {
-                // Left to the first thread (it fails there if it must).
-                return Ok(Vec::new());
+            let group = &plan.ranges[k..(k + scan::LANES).min(n)];
+            for w in scan::walk_in_order(data, group) {
+                if w.unsupported || w.stop.is_some() || w.cut.is_some() {
+                    // Left to the first thread (it fails there if it must).
+                    return Ok(Vec::new());
+                }
+                walked.push(w.memos);
             }
-            walked.push(w.memos);
-            let (s, e) = plan.ranges[k];
-            release(s, e);
-            k += 1;
+            for &(s, e) in group {
+                release(s, e);
+            }
+            k += group.len();
         };
         let (start, mut base) = start;
         let mut outs = Vec::new();
