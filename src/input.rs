@@ -240,9 +240,10 @@ fn decode_into_room<D: Read>(
 }
 
 /// A zstd input that is one frame stating its size, decompressed in one call straight into
-/// the output: the streaming decoder decodes into its window and copies out of it (the one
-/// call took 426-472 ms against 467-563 ms on a 1 GB snapshot). Meanwhile a second thread has
-/// the kernel map the output's pages ahead of the decoder. `None`, with nothing decoded, for
+/// the output: the streaming decoder decodes into its window and copies out of it (on
+/// notHanmin x280's `.zst`, `SNAPSCAN_TIMING=1`, the load less its chunk stage took 625 ms
+/// against 667-710 ms). Meanwhile a second thread has the kernel map the output's pages ahead
+/// of the decoder. `None`, with nothing decoded, for
 /// anything else; a corrupt frame too, which the streaming path then decodes as far as it
 /// goes and words.
 fn zstd_at_once(src: &[u8], progress: &mut Loading) -> Option<Vec<u8>> {

@@ -8,6 +8,8 @@ pub(crate) mod scan;
 mod value;
 
 pub use json::parse_json;
+pub use reader::{parse, parse_salvage, parse_with_progress};
+pub use value::{DictId, Document, SeqId, StrId, StringTable, Value};
 
 /// Benchmarks only: the MEMOIZEs of `data` (a protocol 4/5 pickle) as the reader's walk
 /// counts them, over ranges of about `chunk_bytes`; `None` where the reader would not walk it.
@@ -19,8 +21,6 @@ pub fn walk_memos(data: &[u8], chunk_bytes: usize) -> Option<u64> {
     let walks = scan::walk_in_order(data, &plan.ranges);
     Some(walks.iter().map(|w| w.memos as u64).sum())
 }
-pub use reader::{parse, parse_salvage, parse_with_progress};
-pub use value::{DictId, Document, SeqId, StrId, StringTable, Value};
 
 /// What went wrong while decoding, with the byte offset into the (decompressed) input.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
