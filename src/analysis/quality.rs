@@ -109,8 +109,13 @@ impl Matches {
     }
 }
 
-/// Counts the entries of `trace` that match, on every core.
-fn count_events(trace: &Trace, matches: impl Fn(&TraceCore) -> bool + Sync) -> Matches {
+/// Counts the entries of `trace` that match, on every core. Each piece of the trace gets its
+/// own `state` (a lookup's memory of where the last entry was found).
+fn count_events<S>(
+    trace: &Trace,
+    state: impl Fn() -> S + Sync,
+    matches: impl Fn(&mut S, &TraceCore) -> bool + Sync,
+) -> Matches {
     trace
         .pieces(piece_entries())
         .into_par_iter()
@@ -119,8 +124,9 @@ fn count_events(trace: &Trace, matches: impl Fn(&TraceCore) -> bool + Sync) -> M
                 count: 0,
                 first: None,
             };
+            let mut st = state();
             trace.for_each_core(piece, |i, e| {
-                if matches(&e) {
+                if matches(&mut st, &e) {
                     m.count += 1;
                     m.first.get_or_insert(i);
                 }
@@ -578,12 +584,11 @@ fn addresses_outside_segments(
         return None; // nothing to compare with (a trace recorded without segment events)
     }
     let segments = AddressRanges::new(ranges);
-    let inside = |addr: u64| segments.contains(addr);
-    let t = count_events(trace, |e| {
+    let t = count_events(trace, TableHint::default, |hint, e| {
         matches!(
             e.action,
             Action::Alloc | Action::FreeRequested | Action::FreeCompleted
-        ) && !inside(e.addr)
+        ) && !segments.contains(hint, e.addr)
     })
     .tally(|i| {
         let e = trace.at(i);
@@ -615,6 +620,10 @@ struct AddressRanges {
     tables: Vec<(u64, u64, usize)>,
     granules: Vec<Granule>,
 }
+
+/// The table (first address, end, granule offset) [`AddressRanges::contains`] last used.
+#[derive(Default)]
+struct TableHint(Option<(u64, u64, usize)>);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Granule {
@@ -683,12 +692,21 @@ impl AddressRanges {
         }
     }
 
-    fn contains(&self, addr: u64) -> bool {
+    /// Whether a range holds `addr`. `hint` is the table the last address was in: a trace's
+    /// addresses stay in one table for long runs, and the search over hundreds of tables (a
+    /// long run's shifted ranges) took most of the time.
+    fn contains(&self, hint: &mut TableHint, addr: u64) -> bool {
         if !self.tables.is_empty() {
-            let t = self.tables.partition_point(|&(first, _, _)| first <= addr);
-            let Some(&(first, end, offset)) = t.checked_sub(1).and_then(|t| self.tables.get(t))
-            else {
-                return false;
+            let (first, end, offset) = match hint.0 {
+                Some(t @ (first, end, _)) if first <= addr && addr < end => t,
+                _ => {
+                    let t = self.tables.partition_point(|&(first, _, _)| first <= addr);
+                    let Some(&t) = t.checked_sub(1).and_then(|t| self.tables.get(t)) else {
+                        return false;
+                    };
+                    hint.0 = Some(t);
+                    t
+                }
             };
             if addr >= end {
                 return false;
@@ -842,7 +860,7 @@ fn snapshot_markers(replay: &DeviceReplay, markers: &[(u32, u64)]) -> Option<Qua
 
 #[cfg(test)]
 mod tests {
-    use super::AddressRanges;
+    use super::{AddressRanges, TableHint};
 
     /// Far-apart clusters of many ranges keep granule tables beyond the flat limit (at most 32
     /// granules per range), and they answer right.
@@ -862,9 +880,12 @@ mod tests {
         let set = AddressRanges::new(ranges.clone());
         assert!(set.granules.len() as u64 > super::MAX_GRANULES);
         assert_eq!(set.tables.len(), 600);
+        // One hint across all probes (it moves from table to table) and a fresh one each.
+        let mut hint = TableHint::default();
         for &(s, e) in ranges.iter().step_by(37) {
             for (addr, want) in [(s - 1, false), (s, true), (e - 1, true), (e, false)] {
-                assert_eq!(set.contains(addr), want, "{addr:#x}");
+                assert_eq!(set.contains(&mut hint, addr), want, "{addr:#x}");
+                assert_eq!(set.contains(&mut TableHint::default(), addr), want);
             }
         }
     }
@@ -919,10 +940,12 @@ mod tests {
                 probes.extend([s.wrapping_sub(1), s, s + 1, e.wrapping_sub(1), e, e + 1]);
             }
             probes.extend((0..500).map(|_| base + next() % (72 * MIB)));
+            let mut hint = TableHint::default();
             for addr in probes {
                 let want = ranges.iter().any(|&(s, e)| s <= addr && addr < e);
+                assert_eq!(set.contains(&mut TableHint::default(), addr), want);
                 assert_eq!(
-                    set.contains(addr),
+                    set.contains(&mut hint, addr),
                     want,
                     "case {case}: {addr:#x} in {ranges:x?}"
                 );
