@@ -697,43 +697,60 @@ fn finish<'a>(
         .collect::<R<Vec<()>>>()?;
     parts.push(stitch_part);
     let parts: Vec<Arc<Part>> = parts.into_iter().map(Arc::new).collect();
+    t.lap("remap");
     // In chunk order, so sorted by memo index.
     let ext_tuples: Vec<(u32, Box<[Resolved<'a>]>)> = outs
         .iter_mut()
         .flat_map(|o| std::mem::take(&mut o.tuples))
         .collect();
-    let mut segs: Vec<Vec<Option<Segment>>> = outs
-        .par_iter_mut()
-        .zip(ids.par_iter())
-        .map(|(o, i)| {
-            std::mem::take(&mut o.segs)
+    // The segments are rewritten (and the chunks' leftovers freed) while the skeleton is
+    // converted: neither needs the other, and both ran on one core.
+    let stitch_segs = std::mem::take(&mut stitch.segs);
+    let stitch = &stitch;
+    let parts = &parts;
+    let ext_tuples = &ext_tuples;
+    let (segs, conv) = rayon::join(
+        move || -> R<Vec<Vec<Option<Segment>>>> {
+            let mut segs: Vec<Vec<Option<Segment>>> = outs
+                .par_iter_mut()
+                .zip(ids.par_iter())
+                .map(|(o, i)| {
+                    std::mem::take(&mut o.segs)
+                        .into_iter()
+                        .map(|row| remap_segment(row, i, ext_tuples).map(Some))
+                        .collect::<R<Vec<_>>>()
+                })
+                .collect::<R<Vec<_>>>()?;
+            let stitch_segs = stitch_segs
                 .into_iter()
-                .map(|row| remap_segment(row, i, &ext_tuples).map(Some))
-                .collect::<R<Vec<_>>>()
-        })
-        .collect::<R<Vec<_>>>()?;
-    let stitch_segs = std::mem::take(&mut stitch.segs).into_iter();
-    let stitch_segs = stitch_segs.map(|row| remap_segment(row, &ids[sources - 1], &ext_tuples));
-    segs.push(stitch_segs.map(|s| s.map(Some)).collect::<R<Vec<_>>>()?);
-    drop(outs);
-    t.lap("remap");
-
-    let mut conv = ToDoc {
-        ctx,
-        vm: &stitch,
-        parts: &parts,
-        doc: Document::default(),
-        lists: FxHashMap::default(),
-        dicts: FxHashMap::default(),
-        tuples: FxHashMap::default(),
-        ext_tuples: &ext_tuples,
-        ext_tuple_ids: FxHashMap::default(),
-        traces: FxHashMap::default(),
-        seg_lists: FxHashMap::default(),
-        segs_seen: FxHashSet::default(),
-        str_ids: vec![NO_STR; stitch.a.strs.len()],
-    };
-    let root = conv.value(root, 0)?;
+                .map(|row| remap_segment(row, &ids[sources - 1], ext_tuples));
+            segs.push(stitch_segs.map(|s| s.map(Some)).collect::<R<Vec<_>>>()?);
+            drop(outs);
+            Ok(segs)
+        },
+        || -> R<(Value, ToDoc)> {
+            let mut conv = ToDoc {
+                ctx,
+                vm: stitch,
+                parts,
+                doc: Document::default(),
+                lists: FxHashMap::default(),
+                dicts: FxHashMap::default(),
+                tuples: FxHashMap::default(),
+                ext_tuples,
+                ext_tuple_ids: FxHashMap::default(),
+                traces: FxHashMap::default(),
+                seg_lists: FxHashMap::default(),
+                segs_seen: FxHashSet::default(),
+                str_ids: vec![NO_STR; stitch.a.strs.len()],
+            };
+            let root = conv.value(root, 0)?;
+            Ok((root, conv))
+        },
+    );
+    let mut segs = segs?;
+    let (root, conv) = conv?;
+    t.lap("segments and skeleton");
     let mut doc = conv.doc;
     let traces = conv.traces;
     let seg_lists = conv.seg_lists;
