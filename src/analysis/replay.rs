@@ -595,6 +595,12 @@ impl Deltas {
     }
 
     fn into_curve(self, start: i64) -> Curve {
+        self.into_curve_with(start, true)
+    }
+
+    /// [`into_curve`](Self::into_curve), indexed or not (the caller then calls
+    /// [`Curve::index`]).
+    fn into_curve_with(self, start: i64, index: bool) -> Curve {
         let len = self.dense.len();
         if self.dense.changed() * 4 < len {
             // Sparse (reserved memory changes only at segment events).
@@ -606,7 +612,7 @@ impl Deltas {
                     d => (i as u32, d as i64),
                 })
                 .collect();
-            return Curve::sparse(start, len, sparse);
+            return Curve::sparse_with(start, len, sparse, index);
         }
         let mut wide: Vec<(u32, i64)> = self.wide.into_iter().collect();
         wide.sort_unstable();
@@ -617,7 +623,9 @@ impl Deltas {
             wide,
             ..Curve::default()
         };
-        c.index();
+        if index {
+            c.index();
+        }
         c
     }
 }
@@ -626,8 +634,12 @@ impl Curve {
     /// A curve of `len` events that changes only at the events of `changes` (ascending, no
     /// zeros); dense storage when more than a quarter of the events change.
     fn from_changes(start: i64, len: usize, changes: Vec<(u32, i64)>) -> Curve {
+        Curve::from_changes_with(start, len, changes, true)
+    }
+
+    fn from_changes_with(start: i64, len: usize, changes: Vec<(u32, i64)>, index: bool) -> Curve {
         if changes.len() * 4 < len {
-            return Curve::sparse(start, len, changes);
+            return Curve::sparse_with(start, len, changes, index);
         }
         let mut deltas = Deltas::new(len);
         let mut next = changes.into_iter().peekable();
@@ -637,12 +649,13 @@ impl Curve {
                 None => deltas.push(0),
             }
         }
-        deltas.into_curve(start)
+        deltas.into_curve_with(start, index)
     }
 
     /// A curve whose changes are those of `of`, [`rounded`], but at the events of
-    /// `exceptions` (ascending), whose changes they give.
-    fn rounded(start: i64, of: &Curve, exceptions: Vec<(u32, i64)>) -> Curve {
+    /// `exceptions` (ascending), whose changes they give; indexed or not (the caller then calls
+    /// [`Curve::index`]). `of` need not be indexed.
+    fn rounded_with(start: i64, of: &Curve, exceptions: Vec<(u32, i64)>, index: bool) -> Curve {
         if of.deltas.len() != of.len {
             // `of` is sparse: so is this one, its changes merged with the exceptions.
             let mut changes = Vec::with_capacity(of.sparse.len() + exceptions.len());
@@ -661,7 +674,7 @@ impl Curve {
                 };
                 changes.extend(next.filter(|c| c.1 != 0));
             }
-            return Curve::from_changes(start, of.len, changes);
+            return Curve::from_changes_with(start, of.len, changes, index);
         }
         let mut c = Curve {
             start,
@@ -671,18 +684,22 @@ impl Curve {
             rounded: true,
             ..Curve::default()
         };
-        c.index();
+        if index {
+            c.index();
+        }
         c
     }
 
-    fn sparse(start: i64, len: usize, sparse: Vec<(u32, i64)>) -> Curve {
+    fn sparse_with(start: i64, len: usize, sparse: Vec<(u32, i64)>, index: bool) -> Curve {
         let mut c = Curve {
             start,
             len,
             sparse,
             ..Curve::default()
         };
-        c.index();
+        if index {
+            c.index();
+        }
         c
     }
 
@@ -1324,10 +1341,13 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
         .fold(0i64, |sum, &(_, d)| sum.saturating_add(d));
     let reserved_start = final_reserved.saturating_sub(reserved_sum);
 
-    let requested = requested.into_curve(requested_start);
+    // Each curve's index is a pass over every event: the two run side by side.
+    let mut requested = requested.into_curve_with(requested_start, false);
     let allocated_exceptions =
         with_corrections(&requested, allocated_exceptions, exact_corrections);
-    let allocated = Curve::rounded(allocated_start, &requested, allocated_exceptions);
+    let mut allocated =
+        Curve::rounded_with(allocated_start, &requested, allocated_exceptions, false);
+    rayon::join(|| requested.index(), || allocated.index());
     DeviceReplay {
         device,
         events: n,
@@ -1604,10 +1624,14 @@ mod tests {
                     exceptions.push((i as u32, next(5000) as i64 - 2500));
                 }
             }
-            let requested = deltas.into_curve(next(3000) as i64 - 1500);
+            // As the replay builds them: the rounded curve from the unindexed one, then both
+            // indexed.
+            let mut requested = deltas.into_curve_with(next(3000) as i64 - 1500, false);
             assert_eq!(requested.deltas.len(), len, "case {case}: dense");
             let start = next(3000) as i64 - 1500;
-            let c = Curve::rounded(start, &requested, exceptions);
+            let mut c = Curve::rounded_with(start, &requested, exceptions, false);
+            requested.index();
+            c.index();
             let levels: Vec<i64> = (0..len)
                 .scan(start, |level, i| {
                     *level += c.change(i);
