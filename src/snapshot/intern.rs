@@ -72,6 +72,14 @@ impl Interner {
         id
     }
 
+    /// [`stack`](Self::stack) of frames the caller keeps: copied only when new.
+    pub fn stack_of(&mut self, frames: &[FrameId]) -> StackId {
+        match self.stack_index.get(frames) {
+            Some(&id) => id,
+            None => self.stack(frames.to_vec()),
+        }
+    }
+
     pub fn stack(&mut self, frames: Vec<FrameId>) -> StackId {
         if let Some(&id) = self.stack_index.get(frames.as_slice()) {
             return id;

@@ -466,6 +466,8 @@ struct Resolver<'x, 'a, 'c> {
     ids: Vec<SourceIds>,
     frame_by_memo: FxHashMap<u32, FrameId>,
     list_by_memo: FxHashMap<u32, StackId>,
+    /// The frames of the stack being resolved.
+    frames_scratch: Vec<FrameId>,
 }
 
 impl<'a> Resolver<'_, 'a, '_> {
@@ -496,30 +498,35 @@ impl<'a> Resolver<'_, 'a, '_> {
         Ok(id)
     }
 
-    fn slot(&self, src: usize, slot: u32) -> R<Slot> {
-        let slots = if src == self.stitch_src() {
-            &self.stitch.slots
-        } else {
-            &self.outs[src].slots
-        };
-        slots.get(slot as usize).cloned().ok_or(Unsupported)
-    }
-
     fn stack(&mut self, src: usize, slot: u32) -> R<StackId> {
         if let Some(&id) = self.ids[src].stacks.get(slot as usize) {
             if id != UNSET {
                 return Ok(StackId(id));
             }
         }
-        let id = match self.slot(src, slot)? {
+        // A chunk's slots are read where they are (nothing here changes the chunks' outputs);
+        // the stitch's are copied, as resolving may add to the stitch. Copying every slot, and
+        // a new frames vector for each, took about 5 of this stage's 40 ms on notHanmin x280.
+        let outs = self.outs;
+        let copied;
+        let content = if src == self.stitch_src() {
+            copied = self.stitch.slots.get(slot as usize).cloned();
+            copied.as_ref()
+        } else {
+            outs.get(src).and_then(|o| o.slots.get(slot as usize))
+        };
+        let id = match content.ok_or(Unsupported)? {
             Slot::Content(refs) => {
-                let mut frames = Vec::with_capacity(refs.len());
+                let mut frames = std::mem::take(&mut self.frames_scratch);
+                frames.clear();
                 for &g in refs.iter() {
                     frames.push(self.frame(src, g)?);
                 }
-                self.interner.stack(frames)
+                let id = self.interner.stack_of(&frames);
+                self.frames_scratch = frames;
+                id
             }
-            Slot::ExtList(g) => self.memo_list(g, 0)?,
+            &Slot::ExtList(g) => self.memo_list(g, 0)?,
         };
         let stacks = &mut self.ids[src].stacks;
         if stacks.len() <= slot as usize {
@@ -675,6 +682,7 @@ fn finish<'a>(
         ids: (0..sources).map(|_| SourceIds::default()).collect(),
         frame_by_memo: FxHashMap::default(),
         list_by_memo: FxHashMap::default(),
+        frames_scratch: Vec::new(),
     };
     for src in 0..sources {
         r.source(src)?;
