@@ -468,6 +468,8 @@ struct Resolver<'x, 'a, 'c> {
     list_by_memo: FxHashMap<u32, StackId>,
     /// The frames of the stack being resolved.
     frames_scratch: Vec<FrameId>,
+    /// Stacks by the memo indices of their frame dicts.
+    stack_by_refs: FxHashMap<Box<[u32]>, StackId>,
 }
 
 impl<'a> Resolver<'_, 'a, '_> {
@@ -516,16 +518,22 @@ impl<'a> Resolver<'_, 'a, '_> {
             outs.get(src).and_then(|o| o.slots.get(slot as usize))
         };
         let id = match content.ok_or(Unsupported)? {
-            Slot::Content(refs) => {
-                let mut frames = std::mem::take(&mut self.frames_scratch);
-                frames.clear();
-                for &g in refs.iter() {
-                    frames.push(self.frame(src, g)?);
+            Slot::Content(refs) => match self.stack_by_refs.get(refs.as_ref()) {
+                // Every chunk has its own slot for a stack that repeats across the file; a
+                // memo index names the same frame wherever it is fetched from.
+                Some(&id) => id,
+                None => {
+                    let mut frames = std::mem::take(&mut self.frames_scratch);
+                    frames.clear();
+                    for &g in refs.iter() {
+                        frames.push(self.frame(src, g)?);
+                    }
+                    let id = self.interner.stack_of(&frames);
+                    self.frames_scratch = frames;
+                    self.stack_by_refs.insert(refs.clone(), id);
+                    id
                 }
-                let id = self.interner.stack_of(&frames);
-                self.frames_scratch = frames;
-                id
-            }
+            },
             &Slot::ExtList(g) => self.memo_list(g, 0)?,
         };
         let stacks = &mut self.ids[src].stacks;
@@ -683,6 +691,7 @@ fn finish<'a>(
         frame_by_memo: FxHashMap::default(),
         list_by_memo: FxHashMap::default(),
         frames_scratch: Vec::new(),
+        stack_by_refs: FxHashMap::default(),
     };
     for src in 0..sources {
         r.source(src)?;
