@@ -76,18 +76,22 @@ impl Interner {
     pub fn stack_of(&mut self, frames: &[FrameId]) -> StackId {
         match self.stack_index.get(frames) {
             Some(&id) => id,
-            None => self.stack(frames.to_vec()),
+            None => self.add_stack(frames.into()),
         }
     }
 
     pub fn stack(&mut self, frames: Vec<FrameId>) -> StackId {
-        if let Some(&id) = self.stack_index.get(frames.as_slice()) {
-            return id;
+        match self.stack_index.get(frames.as_slice()) {
+            Some(&id) => id,
+            None => self.add_stack(frames.into()),
         }
+    }
+
+    /// A stack not interned yet.
+    fn add_stack(&mut self, frames: Box<[FrameId]>) -> StackId {
         let id = StackId(self.stacks.len() as u32);
-        let boxed: Box<[FrameId]> = frames.into();
-        self.stacks.push(boxed.clone());
-        self.stack_index.insert(boxed, id);
+        self.stacks.push(frames.clone());
+        self.stack_index.insert(frames, id);
         id
     }
 
