@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use super::decode::decode_parts;
 use super::intern::{Frame, FrameId, Interner, StackId, TextId};
@@ -673,6 +673,9 @@ fn remap(part: &mut Part, ids: &SourceIds) -> R<()> {
     Ok(())
 }
 
+/// The segments each source read, by row (taken out as the document's list is decoded).
+type SourceSegments = Vec<Vec<Option<Segment>>>;
+
 /// Resolution, the skeleton document and the decoder.
 fn finish<'a>(
     ctx: &Ctx<'a>,
@@ -720,15 +723,15 @@ fn finish<'a>(
         .iter_mut()
         .flat_map(|o| std::mem::take(&mut o.tuples))
         .collect();
-    // The segments are rewritten (and the chunks' leftovers freed) while the skeleton is
-    // converted: neither needs the other, and both ran on one core.
+    // The segments are rewritten while the skeleton is converted: neither needs the other,
+    // and both ran on one core.
     let stitch_segs = std::mem::take(&mut stitch.segs);
     let stitch = &stitch;
     let parts = &parts;
     let ext_tuples = &ext_tuples;
     let (segs, conv) = rayon::join(
-        move || -> R<Vec<Vec<Option<Segment>>>> {
-            let mut segs: Vec<Vec<Option<Segment>>> = outs
+        move || -> R<(SourceSegments, Vec<ChunkOut<'a>>)> {
+            let mut segs: SourceSegments = outs
                 .par_iter_mut()
                 .zip(ids.par_iter())
                 .map(|(o, i)| {
@@ -742,8 +745,7 @@ fn finish<'a>(
                 .into_iter()
                 .map(|row| remap_segment(row, &ids[sources - 1], ext_tuples));
             segs.push(stitch_segs.map(|s| s.map(Some)).collect::<R<Vec<_>>>()?);
-            drop(outs);
-            Ok(segs)
+            Ok((segs, outs))
         },
         || -> R<(Value, ToDoc)> {
             let mut conv = ToDoc {
@@ -758,14 +760,14 @@ fn finish<'a>(
                 ext_tuple_ids: FxHashMap::default(),
                 traces: FxHashMap::default(),
                 seg_lists: FxHashMap::default(),
-                segs_seen: FxHashSet::default(),
+                segs_seen: SegsSeen::default(),
                 str_ids: vec![NO_STR; stitch.a.strs.len()],
             };
             let root = conv.value(root, 0)?;
             Ok((root, conv))
         },
     );
-    let mut segs = segs?;
+    let (mut segs, outs) = segs?;
     let (root, conv) = conv?;
     t.lap("segments and skeleton");
     let mut doc = conv.doc;
@@ -777,41 +779,43 @@ fn finish<'a>(
     crate::work::add_document_values(values as u64);
     let mut used: Vec<SeqId> = Vec::new();
     let mut used_segs: Vec<SeqId> = Vec::new();
-    let snapshot = decode_parts(
-        &doc,
-        interner,
-        &mut |seq| {
-            let t = traces.get(&seq).cloned();
-            if t.is_some() {
-                used.push(seq);
-            }
-            t
-        },
-        &mut |seq| {
-            let rows = seg_lists.get(&seq)?;
-            used_segs.push(seq);
-            // Each source's segments are let go once its last one is taken (they come in
-            // order): the list and the sources are not held whole side by side.
-            let mut left: Vec<usize> = segs.iter().map(Vec::len).collect();
-            let mut taken = Vec::with_capacity(rows.len());
-            for r in rows {
-                let seg = r.and_then(|(src, row)| {
-                    let (src, row) = (src as usize, row as usize);
-                    let seg = segs.get_mut(src)?.get_mut(row)?.take();
-                    if seg.is_some() {
-                        left[src] -= 1;
-                        if left[src] == 0 {
-                            segs[src] = Vec::new();
-                        }
+    let mut preset_trace = |seq| {
+        let t = traces.get(&seq).cloned();
+        if t.is_some() {
+            used.push(seq);
+        }
+        t
+    };
+    let mut preset_segments = |seq| {
+        let rows = seg_lists.get(&seq)?;
+        used_segs.push(seq);
+        // Each source's segments are let go once its last one is taken (they come in
+        // order): the list and the sources are not held whole side by side.
+        let mut left: Vec<usize> = segs.iter().map(Vec::len).collect();
+        let mut taken = Vec::with_capacity(rows.len());
+        for r in rows {
+            let seg = r.and_then(|(src, row)| {
+                let (src, row) = (src as usize, row as usize);
+                let seg = segs.get_mut(src)?.get_mut(row)?.take();
+                if seg.is_some() {
+                    left[src] -= 1;
+                    if left[src] == 0 {
+                        segs[src] = Vec::new();
                     }
-                    seg
-                });
-                taken.push(seg);
-            }
-            Some(taken)
-        },
-    )
-    .map_err(|_| Unsupported)?;
+                }
+                seg
+            });
+            taken.push(seg);
+        }
+        Some(taken)
+    };
+    // The chunks' leftovers are freed while the document is decoded: that runs on one core,
+    // and freeing them took 10 ms of notHanmin x280's load.
+    let (snapshot, ()) = rayon::join(
+        || decode_parts(&doc, interner, &mut preset_trace, &mut preset_segments),
+        move || drop(outs),
+    );
+    let snapshot = snapshot.map_err(|_| Unsupported)?;
     // Rows must have ended up exactly in the device lists, segments in the segments list.
     if traces.keys().any(|k| !used.contains(k)) || seg_lists.keys().any(|k| !used_segs.contains(k))
     {
@@ -863,7 +867,7 @@ struct ToDoc<'x, 'a, 'c> {
     /// Lists holding segments read by the chunks: (source, row) of each item, `None` for an
     /// item converted here.
     seg_lists: FxHashMap<SeqId, Vec<Option<(u32, u32)>>>,
-    segs_seen: FxHashSet<(u32, u32)>,
+    segs_seen: SegsSeen,
     /// The document's id of each of the stitch's strings once converted ([`NO_STR`]: not
     /// yet): the annotations at the end of a long run repeat the same few keys and values
     /// tens of thousands of times, and the document's table hashes with a keyed hasher.
@@ -871,6 +875,30 @@ struct ToDoc<'x, 'a, 'c> {
 }
 
 const NO_STR: u32 = u32::MAX;
+
+/// The segment rows placed in the document so far: one bit per row of each source. A big
+/// dump has hundreds of thousands of segments, and a hash set of them was a third of the
+/// skeleton's time.
+#[derive(Default)]
+struct SegsSeen(Vec<Vec<u64>>);
+
+impl SegsSeen {
+    /// Marks row `row` of source `src`; false when it was marked already.
+    fn insert(&mut self, src: u32, row: u32) -> bool {
+        let (src, row) = (src as usize, row as usize);
+        if self.0.len() <= src {
+            self.0.resize_with(src + 1, Vec::new);
+        }
+        let words = &mut self.0[src];
+        if words.len() <= row / 64 {
+            words.resize(row / 64 + 1, 0);
+        }
+        let bit = 1u64 << (row % 64);
+        let seen = words[row / 64] & bit != 0;
+        words[row / 64] |= bit;
+        !seen
+    }
+}
 
 const MAX_DEPTH: usize = 256;
 
@@ -1009,12 +1037,16 @@ impl ToDoc<'_, '_, '_> {
     /// The items of sequence `id`; segments read by the chunks stay rows (a placeholder in the
     /// document, the row in `seg_lists`), each in one place only.
     fn seq_items(&mut self, id: SeqId, items: Vec<LVal>, depth: usize) -> R<()> {
-        let mut out = Vec::with_capacity(items.len());
+        let items_len = items.len();
+        let mut out = Vec::with_capacity(items_len);
         let mut rows: Vec<Option<(u32, u32)>> = Vec::new();
         for v in items {
             if let LVal::Seg { src, row } = v {
-                if !self.segs_seen.insert((src, row)) {
+                if !self.segs_seen.insert(src, row) {
                     return Err(Unsupported);
+                }
+                if rows.is_empty() {
+                    rows.reserve_exact(items_len);
                 }
                 rows.resize(out.len(), None);
                 rows.push(Some((src, row)));
@@ -1029,5 +1061,25 @@ impl ToDoc<'_, '_, '_> {
         }
         self.doc.seqs[id.0 as usize] = out;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SegsSeen;
+
+    #[test]
+    fn a_segment_row_is_placed_once_per_source() {
+        let mut seen = SegsSeen::default();
+        // Rows far apart and in any order, in sources not seen before.
+        for (src, row) in [(3, 200), (0, 0), (3, 63), (3, 64), (1, 5)] {
+            assert!(seen.insert(src, row), "first time: ({src}, {row})");
+        }
+        for (src, row) in [(3, 200), (0, 0), (3, 63), (3, 64), (1, 5)] {
+            assert!(!seen.insert(src, row), "second time: ({src}, {row})");
+        }
+        // The same row of another source is another segment.
+        assert!(seen.insert(2, 200));
+        assert!(seen.insert(0, 1));
     }
 }
