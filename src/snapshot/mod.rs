@@ -229,6 +229,13 @@ pub fn force_in_order_split(chunk: Option<usize>) {
     fast::force_split(chunk);
 }
 
+/// Tests: whether the parallel reader's chunks hand on the bytes of the short opcodes left
+/// to the stitch (`false`: the stitch reads every one back from the input).
+#[doc(hidden)]
+pub fn keep_raw_opcode_bytes(keep: bool) {
+    fast::keep_raw_bytes(keep);
+}
+
 /// [`load_bytes_parallel`] with chunks of about `chunk_bytes` instead of the default 1 MiB.
 #[doc(hidden)]
 pub fn load_bytes_parallel_chunked(bytes: &[u8], chunk_bytes: usize) -> Option<Snapshot> {

@@ -93,6 +93,7 @@ fn load_inner(
 ) -> Result<Loaded, Fail> {
     let mut t = Timer::new();
     let plan = scan::plan(data, chunk_bytes, peek).ok_or(Unsupported)?;
+    t.lap("plan");
     let threads = rayon::current_num_threads();
     let in_order = if threads <= 2 && plan.header_cut.is_none() {
         // Anything unusual (a cut, STOP early, a count that disagrees) is left to the
@@ -178,6 +179,11 @@ fn load_inner(
 /// Tests: the chunk where the helper of [`read_in_order`] starts, whatever the timing
 /// (`usize::MAX`: chosen as the reading goes).
 static FORCED_SPLIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Tests: whether chunks hand the stitch the bytes of short opcodes (see `vm::RAW_INLINE`).
+pub fn keep_raw_bytes(keep: bool) {
+    vm::KEEP_RAW_BYTES.store(keep, Ordering::Relaxed);
+}
 
 /// Sets [`FORCED_SPLIT`].
 pub fn force_split(chunk: Option<usize>) {
@@ -437,8 +443,13 @@ fn run_stitch<'a>(
                     vm.stack.push(v);
                 }
                 Macro::Mark => vm.marks.push(vm.stack.len()),
-                Macro::Raw { pos, memo } => {
-                    if let Some(root) = vm.exec_at(pos, memo)? {
+                Macro::Raw {
+                    pos,
+                    memo,
+                    len,
+                    bytes,
+                } => {
+                    if let Some(root) = vm.exec_at(pos, memo, &bytes[..len as usize])? {
                         return Ok(Some(root));
                     }
                 }

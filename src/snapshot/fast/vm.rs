@@ -77,8 +77,20 @@ pub enum Macro {
     Raw {
         pos: usize,
         memo: u32,
+        /// The opcode's bytes when they fit (`len` 0: read them from `pos`).
+        len: u8,
+        bytes: [u8; RAW_INLINE],
     },
 }
+
+/// Opcode bytes a [`Macro::Raw`] carries: the chunk's pages are let go once it has run, and
+/// the stitch read each opcode back with a system call (thousands of them, one after the
+/// other on one core); APPENDS, SETITEMS and memo fetches fit.
+pub const RAW_INLINE: usize = 6;
+
+/// Tests: false makes every [`Macro::Raw`] leave its bytes in the input (the path of longer
+/// opcodes), so that reading them back stays tested.
+pub static KEEP_RAW_BYTES: AtomicBool = AtomicBool::new(true);
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ListS {
@@ -2068,20 +2080,25 @@ impl<'a, 'c> Vm<'a, 'c> {
         Some((run, *self.frames_seen.get(&run)?))
     }
 
-    /// Runs one opcode recorded by a chunk (stitch mode). Returns the root at STOP.
-    pub fn exec_at(&mut self, pos: usize, memo: u32) -> R<Option<LVal>> {
+    /// Runs one opcode recorded by a chunk (stitch mode), its bytes given when the chunk kept
+    /// them (`inline` empty: read from `pos`). Returns the root at STOP.
+    pub fn exec_at(&mut self, pos: usize, memo: u32, inline: &[u8]) -> R<Option<LVal>> {
         let data = self.ctx.data;
         self.op_pos = pos;
         // The chunk's pages were let go after it ran: a short opcode is read back with a
         // system call rather than by mapping the pages around it again.
         let mut buf = [0u8; 16];
-        let got = (self.ctx.peek)(pos, &mut buf);
-        let (code, ins): (u8, &[u8]) = match scan::op_len(&buf[..got], 0) {
-            scan::Step::Len(n) => (buf[0], &buf[..n]),
-            _ => match scan::op_len(data, pos) {
-                scan::Step::Len(n) => (data[pos], &data[pos..pos + n]),
-                _ => return Err(Unsupported),
-            },
+        let (code, ins): (u8, &[u8]) = if let Some(&code) = inline.first() {
+            (code, inline)
+        } else {
+            let got = (self.ctx.peek)(pos, &mut buf);
+            match scan::op_len(&buf[..got], 0) {
+                scan::Step::Len(n) => (buf[0], &buf[..n]),
+                _ => match scan::op_len(data, pos) {
+                    scan::Step::Len(n) => (data[pos], &data[pos..pos + n]),
+                    _ => return Err(Unsupported),
+                },
+            }
         };
         if code == op::STOP {
             // Marks left open at STOP are the sequential reader's to report.
@@ -2099,9 +2116,20 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// Records the opcode at `pos` for the stitch, after the values pushed so far.
     fn raw(&mut self, pos: usize) {
         self.flush();
+        let mut bytes = [0u8; RAW_INLINE];
+        let keep = KEEP_RAW_BYTES.load(Ordering::Relaxed);
+        let len = match scan::op_len(self.ctx.data, pos) {
+            scan::Step::Len(n) if n <= RAW_INLINE && keep => {
+                bytes[..n].copy_from_slice(&self.ctx.data[pos..pos + n]);
+                n as u8
+            }
+            _ => 0,
+        };
         self.macros.push(Macro::Raw {
             pos,
             memo: self.memo_next,
+            len,
+            bytes,
         });
     }
 
