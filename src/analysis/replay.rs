@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use crate::snapshot::{Action, Block, BlockState, Snapshot, StackId, Trace, TraceEntry, TraceIter};
 
 /// Where an allocation's record comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Origin {
     /// Its `alloc` is in the trace.
     Traced,

@@ -50,7 +50,11 @@ impl Default for ReportOptions {
 }
 
 fn origin_label(a: &Allocation) -> &'static str {
-    match a.origin {
+    origin_text(a.origin)
+}
+
+fn origin_text(origin: Origin) -> &'static str {
+    match origin {
         Origin::Traced => "<no stack recorded>",
         Origin::FreedInWindow => "<allocated before the trace window>",
         Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
@@ -226,13 +230,13 @@ fn by_call_site<'a>(
 ) -> Vec<CallSiteBytes> {
     // By stack and origin first (cheap keys; the site text is made once per group): bytes,
     // count, and the largest allocation as (bytes, position) — the last of equals wins, as
-    // it did when grouping by text directly.
+    // it did when grouping by text directly. The origin is keyed as itself: hashing its
+    // label's text for each of the hundreds of thousands of allocations at a big peak was
+    // most of this.
     type Group = (u64, u64, (u64, usize));
-    let mut by_stack: rustc_hash::FxHashMap<(StackId, &'static str), Group> = Default::default();
+    let mut by_stack: rustc_hash::FxHashMap<(StackId, Origin), Group> = Default::default();
     for (i, a) in allocations.enumerate() {
-        let g = by_stack
-            .entry((a.stack, origin_label(a)))
-            .or_insert((0, 0, (0, 0)));
+        let g = by_stack.entry((a.stack, a.origin)).or_insert((0, 0, (0, 0)));
         g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
         if (a.requested_bytes, i) >= g.2 {
@@ -243,7 +247,7 @@ fn by_call_site<'a>(
     for ((stack, origin), (bytes, count, largest)) in by_stack {
         let g =
             groups
-                .entry(site_text(sites, stack, origin))
+                .entry(site_text(sites, stack, origin_text(origin)))
                 .or_insert((0, 0, (0, 0), StackId::EMPTY));
         g.0 = g.0.saturating_add(bytes);
         g.1 += count;
