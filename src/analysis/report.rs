@@ -236,7 +236,9 @@ fn by_call_site<'a>(
     type Group = (u64, u64, (u64, usize));
     let mut by_stack: rustc_hash::FxHashMap<(StackId, Origin), Group> = Default::default();
     for (i, a) in allocations.enumerate() {
-        let g = by_stack.entry((a.stack, a.origin)).or_insert((0, 0, (0, 0)));
+        let g = by_stack
+            .entry((a.stack, a.origin))
+            .or_insert((0, 0, (0, 0)));
         g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
         if (a.requested_bytes, i) >= g.2 {
@@ -245,10 +247,9 @@ fn by_call_site<'a>(
     }
     let mut groups: HashMap<Arc<str>, SiteGroup> = HashMap::new();
     for ((stack, origin), (bytes, count, largest)) in by_stack {
-        let g =
-            groups
-                .entry(site_text(sites, stack, origin_text(origin)))
-                .or_insert((0, 0, (0, 0), StackId::EMPTY));
+        let g = groups
+            .entry(site_text(sites, stack, origin_text(origin)))
+            .or_insert((0, 0, (0, 0), StackId::EMPTY));
         g.0 = g.0.saturating_add(bytes);
         g.1 += count;
         if largest >= g.2 {
@@ -561,7 +562,9 @@ struct ClaimSums {
     by_category: rustc_hash::FxHashMap<Category, u64>,
     /// By the phase of the allocation (`before_window` when before the window).
     by_phase: rustc_hash::FxHashMap<&'static str, u64>,
-    by_claim: HashMap<(Category, Confidence, &'static str), u64>,
+    /// By claim, the evidence keyed by where its text lies: hashing the text (up to a hundred
+    /// bytes) for each allocation took most of the summing. See [`ClaimSums::by_claim`].
+    by_claim: rustc_hash::FxHashMap<(Category, Confidence, usize, usize), (&'static str, u64)>,
 }
 
 impl ClaimSums {
@@ -579,10 +582,19 @@ impl ClaimSums {
             Some(_) => phases.at(a.alloc_event).name(),
         };
         add(self.by_phase.entry(phase).or_default());
-        add(self
-            .by_claim
-            .entry((c.category, c.confidence, c.evidence))
-            .or_default());
+        let e = c.evidence;
+        let key = (c.category, c.confidence, e.as_ptr() as usize, e.len());
+        add(&mut self.by_claim.entry(key).or_insert((e, 0)).1);
+    }
+
+    /// Bytes by category, confidence and evidence text (equal texts at two places are one).
+    fn by_claim(&self) -> HashMap<(Category, Confidence, &'static str), u64> {
+        let mut out: HashMap<(Category, Confidence, &'static str), u64> = HashMap::new();
+        for (&(category, confidence, _, _), &(evidence, bytes)) in &self.by_claim {
+            let slot = out.entry((category, confidence, evidence)).or_default();
+            *slot = slot.saturating_add(bytes);
+        }
+        out
     }
 
     /// These sums and `other`'s (saturating sums of bytes: in any order alike).
@@ -595,8 +607,8 @@ impl ClaimSums {
         for (k, v) in other.by_phase {
             add(self.by_phase.entry(k).or_default(), v);
         }
-        for (k, v) in other.by_claim {
-            add(self.by_claim.entry(k).or_default(), v);
+        for (k, (e, v)) in other.by_claim {
+            add(&mut self.by_claim.entry(k).or_insert((e, 0)).1, v);
         }
         self
     }
@@ -929,10 +941,10 @@ fn device_report_with(
         std::collections::BTreeMap::new();
     // Summed by category and phase first (a real peak holds hundreds of thousands of
     // allocations), named after.
+    let claim_bytes = claim_sums.by_claim();
     let ClaimSums {
         by_category,
         by_phase,
-        by_claim: claim_bytes,
         ..
     } = claim_sums;
     for (category, bytes) in by_category {
