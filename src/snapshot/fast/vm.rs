@@ -1530,7 +1530,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             };
             pos += n;
             if code == op::STOP {
-                self.raw(self.op_pos);
+                self.raw(self.op_pos, &data[self.op_pos..pos]);
                 return Ok(true);
             }
             if code == op::EMPTY_DICT {
@@ -2113,17 +2113,16 @@ impl<'a, 'c> Vm<'a, 'c> {
         Ok(None)
     }
 
-    /// Records the opcode at `pos` for the stitch, after the values pushed so far.
-    fn raw(&mut self, pos: usize) {
+    /// Records the opcode at `pos` (its bytes `ins`) for the stitch, after the values pushed so
+    /// far.
+    fn raw(&mut self, pos: usize, ins: &[u8]) {
         self.flush();
         let mut bytes = [0u8; RAW_INLINE];
-        let keep = KEEP_RAW_BYTES.load(Ordering::Relaxed);
-        let len = match scan::op_len(self.ctx.data, pos) {
-            scan::Step::Len(n) if n <= RAW_INLINE && keep => {
-                bytes[..n].copy_from_slice(&self.ctx.data[pos..pos + n]);
-                n as u8
-            }
-            _ => 0,
+        let len = if ins.len() <= RAW_INLINE && KEEP_RAW_BYTES.load(Ordering::Relaxed) {
+            bytes[..ins.len()].copy_from_slice(ins);
+            ins.len() as u8
+        } else {
+            0
         };
         self.macros.push(Macro::Raw {
             pos,
@@ -2281,7 +2280,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             }
             op::MEMOIZE => {
                 if self.outer(1, false) {
-                    self.raw(self.op_pos);
+                    self.raw(self.op_pos, ins);
                     // The stitch stores the value; here it is another chunk's.
                     self.memo.push(LVal::Ext(self.memo_next));
                     self.memo_next += 1;
@@ -2293,7 +2292,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             op::TUPLE1 | op::TUPLE2 | op::TUPLE3 => {
                 let n = (code - op::TUPLE1 + 1) as usize;
                 if self.outer(n, false) {
-                    self.raw(self.op_pos);
+                    self.raw(self.op_pos, ins);
                     return Ok(());
                 }
                 let from = self.stack.len().checked_sub(n).ok_or(Unsupported)?;
@@ -2307,7 +2306,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             op::TUPLE => {
                 let Some(m) = self.marks.pop() else {
                     if self.mode == Mode::Chunk {
-                        self.raw(self.op_pos);
+                        self.raw(self.op_pos, ins);
                         return Ok(());
                     }
                     return Err(Unsupported);
@@ -2318,7 +2317,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             }
             op::APPEND => {
                 if self.outer(1, true) {
-                    self.raw(self.op_pos);
+                    self.raw(self.op_pos, ins);
                     return Ok(());
                 }
                 let item = self.pop()?;
@@ -2331,14 +2330,14 @@ impl<'a, 'c> Vm<'a, 'c> {
                 let m = match self.marks.last() {
                     Some(&m) => m,
                     None if self.mode == Mode::Chunk => {
-                        self.raw(self.op_pos);
+                        self.raw(self.op_pos, ins);
                         return Ok(());
                     }
                     None => return Err(Unsupported),
                 };
                 if self.mode == Mode::Chunk && (m == 0 || matches!(self.stack[m - 1], LVal::Ext(_)))
                 {
-                    self.raw(self.op_pos);
+                    self.raw(self.op_pos, ins);
                     return Ok(());
                 }
                 self.marks.pop();
@@ -2364,7 +2363,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             }
             op::SETITEM => {
                 if self.outer(2, true) {
-                    self.raw(self.op_pos);
+                    self.raw(self.op_pos, ins);
                     return Ok(());
                 }
                 let from = self.stack.len().checked_sub(2).ok_or(Unsupported)?;
