@@ -277,6 +277,43 @@ fn two_threads_read_the_same_wherever_they_meet() {
     }
 }
 
+/// With two threads the second one helps only if the pool starts it: here the pool's other
+/// thread is busy until the read is done, so the first thread must read every chunk itself
+/// rather than wait for a helper that never comes.
+#[test]
+fn a_helper_the_pool_never_starts_does_not_stall_the_read() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let data = read(&common::fixture(
+        "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
+    ));
+    let whole = snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s));
+    assert!(whole.is_some(), "the parallel reader takes the fixture");
+    let read_done = AtomicBool::new(false);
+    let busy_started = AtomicBool::new(false);
+    let got = std::sync::Mutex::new(None);
+    pool.scope(|scope| {
+        scope.spawn(|_| {
+            busy_started.store(true, Ordering::Release);
+            while !read_done.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+        });
+        scope.spawn(|_| {
+            while !busy_started.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
+            let s = snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s));
+            *got.lock().unwrap() = Some(s);
+            read_done.store(true, Ordering::Release);
+        });
+    });
+    assert!(got.into_inner().unwrap() == Some(whole));
+}
+
 /// PyTorch writes 2^64 − 1 (a 9-byte LONG1, outside int64) as the line of C++ frames its unwinder
 /// could not resolve. Both readers take the file and read those lines as 0, no line: the same
 /// snapshot as the source fixture, whose C++ frames have line 0.

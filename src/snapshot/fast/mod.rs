@@ -15,7 +15,7 @@
 
 mod vm;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
@@ -32,6 +32,12 @@ use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, SegRow, Slot, Uns
 
 /// Bytes per chunk: small enough to spread over the cores, large enough that little crosses.
 const CHUNK_BYTES: usize = 1 << 20;
+
+/// With two threads, the helper runs the last `HELPER_SHARE.0 / HELPER_SHARE.1` of the bytes
+/// (the walk it needs first costs about a third of the time of running what it walks). Too
+/// large a share of the first thread's is evened out by the helper taking chunks back; too
+/// small a share is not.
+const HELPER_SHARE: (usize, usize) = (3, 8);
 
 /// Why the parallel reader gives no snapshot.
 pub enum Fail {
@@ -193,14 +199,15 @@ pub fn force_split(chunk: Option<usize>) {
 /// Runs the chunks in order, each from the memo index where the one before it ended: no walk
 /// beforehand to count MEMOIZEs (on one or two cores that walk costs a fifth of the time).
 ///
-/// With `helper`, a second thread walks ahead (counting only) until what the first has left
-/// before the walk's position is a little more than what lies after it, then runs the chunks
-/// from there in order; done, it takes the first thread's last chunks from the back (the walk
-/// gave their bases), so that neither thread waits long for the other. The walk starts at the
-/// first chunk: it is about ten times as fast as running, so a walk that started further in
-/// reached STOP before the first thread had recorded the base it counts from, and the helper
-/// ran nothing (two threads were no faster than one). Fails (for the parallel walk to take
-/// over) on anything unusual: a cut input, STOP before the last chunk, counts that disagree.
+/// With `helper`, a second thread takes the chunks from `split` on (about five eighths in, by
+/// bytes). It needs the memo base there: it walks (counting only) the chunks before `split`
+/// from the back, until it meets a chunk whose base the first thread has recorded (it records
+/// each as it starts the chunk); then it runs its chunks in order. Done, it takes the first
+/// thread's last chunks from the back (the walk gave their bases), so that neither thread waits
+/// long for the other. Walking from the back counts only the chunks the first thread has not
+/// reached yet: a walk from the front also counted the ones it ran meanwhile (a third more
+/// walking). Fails (for the parallel walk to take over) on anything unusual: a cut input, STOP
+/// before the last chunk, counts that disagree.
 fn read_in_order<'a>(
     data: &'a [u8],
     plan: &scan::Plan,
@@ -224,11 +231,24 @@ fn read_in_order<'a>(
     if n > 0 {
         ctx.set_counts(0, 0, vm::UNKNOWN)?;
     }
-    // (next chunk of the first thread, first chunk of the helper).
+    // The helper's first chunk. Tests force one (and make the first thread wait after chunk
+    // `forced / 8`, so that the helper takes chunks back).
     let forced = FORCED_SPLIT.load(Ordering::Relaxed);
-    let claims = Mutex::new((0usize, if helper { forced.min(n) } else { n }));
-    // Where the first thread has got to (a byte position).
-    let lead_pos = AtomicUsize::new(0);
+    let split = match (helper, forced) {
+        (false, _) => n,
+        (true, usize::MAX) => {
+            let at = data.len() / HELPER_SHARE.1 * (HELPER_SHARE.1 - HELPER_SHARE.0);
+            plan.ranges.partition_point(|&(start, _)| start < at).max(1)
+        }
+        (true, k) => k,
+    }
+    .min(n);
+    let wait_after = (forced != usize::MAX).then_some(split / 8);
+    // (next chunk of the first thread, first chunk of the helper).
+    let claims = Mutex::new((0usize, split));
+    // The last chunk the first thread has started (its base is recorded, and every chunk
+    // before it has run).
+    let first_at = AtomicUsize::new(0);
     let run = |k: usize, base: u32, spare: &mut vm::Spare<'a>| -> R<(ChunkOut<'a>, u32)> {
         ctx.set_counts(k, base, vm::UNKNOWN)?;
         let out = vm::run_chunk(&ctx, k, spare)?;
@@ -246,111 +266,123 @@ fn read_in_order<'a>(
         }
         Ok((out, next))
     };
-    // The walk counts from chunk `from`, whose base the first thread records when it starts
-    // it; until then the counts are relative to it. Tests that force a split start it further
-    // in, so that the first thread counts chunks of its own.
-    let from = if forced == usize::MAX {
-        0
+    // Where the helper is (see `Helper`): the first thread waits on it only once it has
+    // started (a thread pool busy elsewhere may never start it).
+    let helper_at = AtomicU8::new(if split < n {
+        Helper::NotStarted
     } else {
-        (n / 8).min(forced)
-    };
-    // Set when the first thread stops (done or failed): a helper waiting on it gives up.
-    let first_stopped = AtomicBool::new(false);
-    // Set when the helper has run its own chunks (or stopped). Tests: with a forced split the
-    // first thread waits for it after chunk `from`, so that the helper takes chunks back.
-    let helper_ran = AtomicBool::new(false);
+        Helper::Abandoned
+    } as u8);
+    let helper_is = |h: Helper| helper_at.load(Ordering::Acquire) == h as u8;
     let first_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
         let mut base = 0u32;
         loop {
-            if helper && forced != usize::MAX && outs.len() > from {
-                while !helper_ran.load(Ordering::Acquire) {
+            if wait_after.is_some_and(|w| outs.len() > w) {
+                // Tests: until the helper has run its chunks (if it has started).
+                let _ = helper_at.compare_exchange(
+                    Helper::NotStarted as u8,
+                    Helper::Abandoned as u8,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                while helper_is(Helper::Walking) || helper_is(Helper::Running) {
                     std::thread::yield_now();
                 }
             }
             let k = {
                 let mut c = claims.lock().map_err(|_| Unsupported)?;
                 if c.0 >= c.1 {
-                    break;
+                    if helper_at
+                        .compare_exchange(
+                            Helper::NotStarted as u8,
+                            Helper::Abandoned as u8,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
+                        .is_ok()
+                    {
+                        // The helper has not started: every chunk is the first thread's.
+                        c.1 = n;
+                        continue;
+                    }
+                    if !helper_is(Helper::Walking) {
+                        break;
+                    }
+                    // At the split before the helper has its base (or has given up).
+                    drop(c);
+                    std::thread::yield_now();
+                    continue;
                 }
                 c.0 += 1;
                 c.0 - 1
             };
+            ctx.set_counts(k, base, vm::UNKNOWN)?;
+            first_at.fetch_max(k, Ordering::Release);
             let (out, next) = run(k, base, &mut spare)?;
             base = next;
-            lead_pos.store(ctx.spans[k].end, Ordering::Relaxed);
             outs.push(out);
         }
         Ok(outs)
     };
+    // Gives the helper's chunks to the first thread.
+    let give_up = || -> R<Vec<ChunkOut<'a>>> {
+        claims.lock().map_err(|_| Unsupported)?.1 = n;
+        helper_at.store(Helper::Done as u8, Ordering::Release);
+        Ok(Vec::new())
+    };
     let second_chunks = || -> R<Vec<ChunkOut<'a>>> {
+        if helper_at
+            .compare_exchange(
+                Helper::NotStarted as u8,
+                Helper::Walking as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return Ok(Vec::new());
+        }
+        // Counts of the chunks `low..split`, walked from the back (the last one first).
         let mut walked: Vec<u32> = Vec::new();
-        let mut k = from;
-        let start = loop {
-            if k >= n {
-                return Ok(Vec::new());
+        let mut low = split;
+        loop {
+            let at = first_at.load(Ordering::Acquire);
+            if at >= low {
+                break;
             }
-            let pos = plan.ranges[k].0;
-            let lead = lead_pos.load(Ordering::Relaxed);
-            // Split here: the memo base of `from`, once the first thread has recorded it.
-            let split = if forced == usize::MAX {
-                // Once the first thread has a little more left than the helper (the helper
-                // takes the excess back when it is done); until the first thread reaches
-                // `from`, walk on.
-                if pos - lead.min(pos) >= (data.len() - pos) / 8 * 9 {
-                    ctx.memo_base(from)
-                } else {
-                    None
-                }
-            } else if k >= forced {
-                // Tests: wait for the first thread to reach `from` (or to stop short of it).
-                while ctx.memo_base(from).is_none() && !first_stopped.load(Ordering::Acquire) {
-                    std::thread::yield_now();
-                }
-                let Some(base) = ctx.memo_base(from) else {
-                    return Ok(Vec::new());
-                };
-                Some(base)
-            } else {
-                None
-            };
-            if let Some(from_base) = split {
-                let mut c = claims.lock().map_err(|_| Unsupported)?;
-                if c.0 > k {
-                    return Ok(Vec::new());
-                }
-                c.1 = k;
-                drop(c);
-                let mut base = from_base;
-                for (j, &memos) in walked.iter().enumerate() {
-                    ctx.set_counts(from + j, base, memos)?;
-                    base = base.checked_add(memos).ok_or(Unsupported)?;
-                }
-                break (k, base);
-            }
-            let group = &plan.ranges[k..(k + scan::LANES).min(n)];
-            for w in scan::walk_in_order(data, group) {
+            let from = low.saturating_sub(scan::LANES).max(at);
+            let group = &plan.ranges[from..low];
+            let walks = scan::walk_in_order(data, group);
+            for w in walks.iter().rev() {
                 if w.unsupported || w.stop.is_some() || w.cut.is_some() {
                     // Left to the first thread (it fails there if it must).
-                    return Ok(Vec::new());
+                    return give_up();
                 }
                 walked.push(w.memos);
             }
             for &(s, e) in group {
                 release(s, e);
             }
-            k += group.len();
+            low = from;
+        }
+        let Some(mut base) = ctx.memo_base(low) else {
+            return give_up();
         };
-        let (start, mut base) = start;
+        for (j, &memos) in walked.iter().rev().enumerate() {
+            ctx.set_counts(low + j, base, memos)?;
+            base = base.checked_add(memos).ok_or(Unsupported)?;
+        }
+        helper_at.store(Helper::Running as u8, Ordering::Release);
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
-        for k in start..n {
+        for k in split..n {
             let (out, next) = run(k, base, &mut spare)?;
             base = next;
             outs.push(out);
         }
-        helper_ran.store(true, Ordering::Release);
+        helper_at.store(Helper::Done as u8, Ordering::Release);
         // Done first: take the first thread's chunks from the back (the walk gave their bases),
         // so that neither thread waits long for the other.
         let mut taken = Vec::new();
@@ -370,9 +402,26 @@ fn read_in_order<'a>(
         taken.extend(outs);
         Ok(taken)
     };
-    let first = || then_set(first_chunks, &first_stopped);
+    let first = first_chunks;
     let (a, b) = if helper {
-        rayon::join(first, || then_set(second_chunks, &helper_ran))
+        // Whatever the helper returns, the first thread stops waiting on it.
+        let second = || {
+            let out = second_chunks();
+            let _ = helper_at.compare_exchange(
+                Helper::Walking as u8,
+                Helper::Done as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            let _ = helper_at.compare_exchange(
+                Helper::Running as u8,
+                Helper::Done as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            out
+        };
+        rayon::join(first, second)
     } else {
         (first(), Ok(Vec::new()))
     };
@@ -392,6 +441,22 @@ fn read_in_order<'a>(
     Ok((ctx, outs))
 }
 
+/// Where the helper of [`read_in_order`] is.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Helper {
+    NotStarted,
+    /// Counting the chunks before its split, from the back.
+    Walking,
+    /// Running its chunks (the first thread's end at the split is final).
+    Running,
+    /// Done, given up or failed.
+    Done,
+    /// Not started when the first thread reached the split (or there is no helper): the
+    /// first thread ran every chunk.
+    Abandoned,
+}
+
 /// Why [`read_in_order`] gave up.
 enum InOrderFail {
     /// Something the parallel walk words (a cut, STOP early, counts that disagree).
@@ -405,13 +470,6 @@ impl From<Unsupported> for InOrderFail {
     fn from(_: Unsupported) -> InOrderFail {
         InOrderFail::Retry
     }
-}
-
-/// Runs `f`, then sets `flag` (whatever `f` returns): a thread waiting on it stops waiting.
-fn then_set<T>(f: impl FnOnce() -> T, flag: &AtomicBool) -> T {
-    let out = f();
-    flag.store(true, Ordering::Release);
-    out
 }
 
 /// Runs every chunk's macros in order. Returns the root once STOP ran.
