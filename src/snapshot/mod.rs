@@ -222,8 +222,8 @@ pub fn load_bytes_parallel(bytes: &[u8]) -> Option<Snapshot> {
     load_bytes_parallel_with(bytes, 0, LoadOptions::default()).and_then(Result::ok)
 }
 
-/// Tests: with two threads, the chunk from which the second one reads (`None`: chosen as the
-/// reading goes).
+/// Tests: with two threads, the chunk from which the second one reads (`None`: the one at five
+/// eighths of the bytes).
 #[doc(hidden)]
 pub fn force_in_order_split(chunk: Option<usize>) {
     fast::force_split(chunk);

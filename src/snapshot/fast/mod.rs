@@ -34,9 +34,9 @@ use vm::{ChunkOut, Copier, Ctx, FrameC, LVal, Macro, Resolved, SegRow, Slot, Uns
 const CHUNK_BYTES: usize = 1 << 20;
 
 /// With two threads, the helper runs the last `HELPER_SHARE.0 / HELPER_SHARE.1` of the bytes
-/// (the walk it needs first costs about a third of the time of running what it walks). Too
-/// large a share of the first thread's is evened out by the helper taking chunks back; too
-/// small a share is not.
+/// (the walk it needs first costs about a third of the time of running what it walks). When
+/// the first thread's share turns out too large, the helper evens it out by taking chunks
+/// back; a share too small would not be evened out, so the helper's errs on the small side.
 const HELPER_SHARE: (usize, usize) = (3, 8);
 
 /// Why the parallel reader gives no snapshot.
@@ -182,8 +182,8 @@ fn load_inner(
     Ok((s, truncation))
 }
 
-/// Tests: the chunk where the helper of [`read_in_order`] starts, whatever the timing
-/// (`usize::MAX`: chosen as the reading goes).
+/// Tests: the chunk where the helper of [`read_in_order`] starts (`usize::MAX`: the one at
+/// [`HELPER_SHARE`] of the bytes).
 static FORCED_SPLIT: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 /// Tests: whether chunks hand the stitch the bytes of short opcodes (see `vm::RAW_INLINE`).
