@@ -246,9 +246,6 @@ fn read_in_order<'a>(
     let wait_after = (forced != usize::MAX).then_some(split / 8);
     // (next chunk of the first thread, first chunk of the helper).
     let claims = Mutex::new((0usize, split));
-    // The last chunk the first thread has started (its base is recorded, and every chunk
-    // before it has run).
-    let first_at = AtomicUsize::new(0);
     let run = |k: usize, base: u32, spare: &mut vm::Spare<'a>| -> R<(ChunkOut<'a>, u32)> {
         ctx.set_counts(k, base, vm::UNKNOWN)?;
         let out = vm::run_chunk(&ctx, k, spare)?;
@@ -274,6 +271,12 @@ fn read_in_order<'a>(
         Helper::Abandoned
     } as u8);
     let helper_is = |h: Helper| helper_at.load(Ordering::Acquire) == h as u8;
+    // Moves the helper from `from` to `to`; false if it was elsewhere.
+    let helper_moves = |from: Helper, to: Helper| {
+        helper_at
+            .compare_exchange(from as u8, to as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    };
     let first_chunks = || -> R<Vec<ChunkOut<'a>>> {
         let mut outs = Vec::new();
         let mut spare = vm::Spare::default();
@@ -281,12 +284,7 @@ fn read_in_order<'a>(
         loop {
             if wait_after.is_some_and(|w| outs.len() > w) {
                 // Tests: until the helper has run its chunks (if it has started).
-                let _ = helper_at.compare_exchange(
-                    Helper::NotStarted as u8,
-                    Helper::Abandoned as u8,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
+                helper_moves(Helper::NotStarted, Helper::Abandoned);
                 while helper_is(Helper::Walking) || helper_is(Helper::Running) {
                     std::thread::yield_now();
                 }
@@ -294,15 +292,7 @@ fn read_in_order<'a>(
             let k = {
                 let mut c = claims.lock().map_err(|_| Unsupported)?;
                 if c.0 >= c.1 {
-                    if helper_at
-                        .compare_exchange(
-                            Helper::NotStarted as u8,
-                            Helper::Abandoned as u8,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
-                    {
+                    if helper_moves(Helper::NotStarted, Helper::Abandoned) {
                         // The helper has not started: every chunk is the first thread's.
                         c.1 = n;
                         continue;
@@ -318,8 +308,6 @@ fn read_in_order<'a>(
                 c.0 += 1;
                 c.0 - 1
             };
-            ctx.set_counts(k, base, vm::UNKNOWN)?;
-            first_at.fetch_max(k, Ordering::Release);
             let (out, next) = run(k, base, &mut spare)?;
             base = next;
             outs.push(out);
@@ -333,26 +321,16 @@ fn read_in_order<'a>(
         Ok(Vec::new())
     };
     let second_chunks = || -> R<Vec<ChunkOut<'a>>> {
-        if helper_at
-            .compare_exchange(
-                Helper::NotStarted as u8,
-                Helper::Walking as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
+        if !helper_moves(Helper::NotStarted, Helper::Walking) {
             return Ok(Vec::new());
         }
-        // Counts of the chunks `low..split`, walked from the back (the last one first).
+        // Counts of the chunks `low..split`, walked from the back (the last one first), until
+        // the first thread has recorded the base of `low` (as it starts a chunk, and as it ends
+        // the one before; chunk 0's is known from the start).
         let mut walked: Vec<u32> = Vec::new();
         let mut low = split;
-        loop {
-            let at = first_at.load(Ordering::Acquire);
-            if at >= low {
-                break;
-            }
-            let from = low.saturating_sub(scan::LANES).max(at);
+        while ctx.memo_base(low).is_none() {
+            let from = low.saturating_sub(scan::LANES);
             let group = &plan.ranges[from..low];
             let walks = scan::walk_in_order(data, group);
             for w in walks.iter().rev() {
@@ -402,28 +380,17 @@ fn read_in_order<'a>(
         taken.extend(outs);
         Ok(taken)
     };
-    let first = first_chunks;
     let (a, b) = if helper {
         // Whatever the helper returns, the first thread stops waiting on it.
         let second = || {
             let out = second_chunks();
-            let _ = helper_at.compare_exchange(
-                Helper::Walking as u8,
-                Helper::Done as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            let _ = helper_at.compare_exchange(
-                Helper::Running as u8,
-                Helper::Done as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            helper_moves(Helper::Walking, Helper::Done);
+            helper_moves(Helper::Running, Helper::Done);
             out
         };
-        rayon::join(first, second)
+        rayon::join(first_chunks, second)
     } else {
-        (first(), Ok(Vec::new()))
+        (first_chunks(), Ok(Vec::new()))
     };
     let fail = || {
         if ctx.sequential_only.load(Ordering::Relaxed) {
