@@ -22,6 +22,18 @@ pub enum Origin {
     Ghost,
 }
 
+impl Origin {
+    /// What a reader is told about an allocation of this origin without a recorded stack
+    /// (the report's call sites and the pictures' labels).
+    pub fn label(self) -> &'static str {
+        match self {
+            Origin::Traced => "<no stack recorded>",
+            Origin::FreedInWindow => "<allocated before the trace window>",
+            Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Allocation {
     pub address: u64,

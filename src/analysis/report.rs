@@ -49,23 +49,11 @@ impl Default for ReportOptions {
     }
 }
 
-fn origin_label(a: &Allocation) -> &'static str {
-    origin_text(a.origin)
-}
-
-fn origin_text(origin: Origin) -> &'static str {
-    match origin {
-        Origin::Traced => "<no stack recorded>",
-        Origin::FreedInWindow => "<allocated before the trace window>",
-        Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
-    }
-}
-
 fn site_of(sites: &CallSites, a: &Allocation) -> Arc<str> {
-    site_text(sites, a.stack, origin_label(a))
+    site_text(sites, a.stack, a.origin.label())
 }
 
-/// The call site of `stack`, or `origin` (an [`origin_label`]) where it names none: shared
+/// The call site of `stack`, or `origin` (an [`Origin::label`]) where it names none: shared
 /// text, as tens of thousands of allocations at a peak come from a few hundred sites.
 fn site_text(sites: &CallSites, stack: StackId, origin: &'static str) -> Arc<str> {
     match sites.of(stack) {
@@ -248,7 +236,7 @@ fn by_call_site<'a>(
     let mut groups: HashMap<Arc<str>, SiteGroup> = HashMap::new();
     for ((stack, origin), (bytes, count, largest)) in by_stack {
         let g = groups
-            .entry(site_text(sites, stack, origin_text(origin)))
+            .entry(site_text(sites, stack, origin.label()))
             .or_insert((0, 0, (0, 0), StackId::EMPTY));
         g.0 = g.0.saturating_add(bytes);
         g.1 += count;

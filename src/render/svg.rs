@@ -10,7 +10,7 @@ use std::fmt::Write;
 use crate::analysis::callsite::{call_site, stack_lines};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::phase::{Phase, Source};
-use crate::analysis::replay::{Allocation, Origin};
+use crate::analysis::replay::Allocation;
 use crate::snapshot::{Interner, Snapshot, StackId};
 use crate::units::format_bytes;
 
@@ -228,15 +228,6 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// The palette colour of a text (a call site).
 pub fn colour_of_text(text: &str) -> &'static str {
     PALETTE[(fnv1a(text.as_bytes()) % PALETTE.len() as u64) as usize]
-}
-
-/// What a reader is told about an allocation without a recorded stack.
-pub fn origin_label(a: &Allocation) -> &'static str {
-    match a.origin {
-        Origin::Traced => "<no stack recorded>",
-        Origin::FreedInWindow => "<allocated before the trace window>",
-        Origin::Ghost => "<allocated before the trace window, still allocated at the dump>",
-    }
 }
 
 /// Call sites, categories and colours of allocations.

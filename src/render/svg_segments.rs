@@ -756,7 +756,7 @@ fn draw_segments(
             }
             let stack = info.map_or(StackId::EMPTY, |i| i.stack);
             let fallback = match info {
-                Some(BlockInfo { alloc: Some(a), .. }) => svg::origin_label(a),
+                Some(BlockInfo { alloc: Some(a), .. }) => a.origin.label(),
                 _ => "<no stack recorded>",
             };
             tip.extend(svg::stack_tooltip(&snapshot.interner, stack, fallback));

@@ -618,7 +618,7 @@ fn tooltip(
         if a.origin == Origin::FreedInWindow && a.stack != crate::snapshot::StackId::EMPTY {
             "stack of its free (its allocation was not recorded)"
         } else {
-            svg::origin_label(a)
+            a.origin.label()
         };
     lines.extend(svg::stack_tooltip(&snapshot.interner, a.stack, fallback));
     if a.origin == Origin::FreedInWindow && a.stack != crate::snapshot::StackId::EMPTY {
@@ -901,7 +901,7 @@ fn sites_by_bytes<'a>(
     for a in allocs {
         let key = colours
             .site(a)
-            .unwrap_or_else(|| svg::origin_label(a).to_owned());
+            .unwrap_or_else(|| a.origin.label().to_owned());
         let g = map.entry(key).or_insert((0, 0));
         g.0 = g.0.saturating_add(a.requested_bytes);
         g.1 += 1;
