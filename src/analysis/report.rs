@@ -518,7 +518,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     // traces they run side by side.
     let mut timer = crate::timing::Timer::new();
     // The replay reads the trace in order, on one core; the others find phases, summarize
-    // the trace and run the checks that need only the summary.
+    // the trace and run the checks that need no replay.
     let (replay, (phases, (summary, checks))) = rayon::join(
         || replay_device(snapshot, device),
         || {
@@ -533,11 +533,8 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         },
     );
     timer.lap("replay, phases and trace summary");
-    let (data_quality, mut report) = rayon::join(
-        || super::quality::device_quality(snapshot, device, &replay, checks, &summary),
-        || device_report_with(snapshot, device, options, &replay, phases, &summary),
-    );
-    report.data_quality = data_quality;
+    let mut report = device_report_with(snapshot, device, options, &replay, phases, &summary);
+    report.data_quality = super::quality::device_quality(&replay, checks, &summary);
     timer.lap("the rest of the report");
     report
 }
