@@ -240,8 +240,10 @@ impl Cursor {
 const FAST_MARGIN: usize = 2 + 255 + 9;
 
 /// How many walks run interleaved: each step waits on the previous one's length (two loads
-/// in a row), so one walk alone leaves the core idle most of the time.
-pub const LANES: usize = 4;
+/// in a row), so one walk alone leaves the core idle most of the time. Eight walk a MiB in
+/// 0.38 ms where four took 0.44 (the helper's walk on notHanmin x280, 480-504 chunks in
+/// 186-204 ms against 468-476 in 208-238 ms).
+pub const LANES: usize = 8;
 
 /// Steps between checks in [`fast_lanes`].
 const UNROLL: usize = 4;
@@ -258,6 +260,10 @@ fn fast_lanes(data: &[u8], cs: &mut [Cursor]) {
         1 => fast_lanes_of::<1>(data, cs),
         2 => fast_lanes_of::<2>(data, cs),
         3 => fast_lanes_of::<3>(data, cs),
+        4 => fast_lanes_of::<4>(data, cs),
+        5 => fast_lanes_of::<5>(data, cs),
+        6 => fast_lanes_of::<6>(data, cs),
+        7 => fast_lanes_of::<7>(data, cs),
         _ => fast_lanes_of::<LANES>(data, &mut cs[..LANES]),
     }
 }
@@ -632,8 +638,8 @@ mod tests {
     }
 
     /// Ranges long enough for the interleaved fast loop, of uneven lengths, so that lanes end
-    /// one after another and the rest go on as three, two and one: each range's walk is its
-    /// own.
+    /// one after another and the rest go on as fewer (all eight ranges: seven down to one):
+    /// each range's walk is its own.
     #[test]
     fn uneven_long_ranges_walk_as_single_walks() {
         // 19 bytes of whole opcodes: two MEMOIZE, and 0x94 bytes inside arguments.
