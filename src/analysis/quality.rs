@@ -155,9 +155,9 @@ fn plural(n: u64, one: &str, many: &str) -> String {
 
 /// The checks that need no replay: they run beside it, where a core is free (the report's
 /// second stage waited on the segment checks, ~20 ms on notHanmin x280's 277k segments).
+/// Fields in the order [`device_quality`] reports them; of the replay's own checks, double
+/// frees go between `segment_checks` and `addresses_outside_segments`, the rest after.
 pub struct TraceChecks {
-    /// The dump's own checks, in the order of the report (all before `implausible_sizes`,
-    /// then the rest after it).
     device_out_of_range: Option<QualityWarning>,
     implausible_dump_sizes: Option<QualityWarning>,
     implausible_sizes: Option<QualityWarning>,
