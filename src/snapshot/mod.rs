@@ -229,6 +229,13 @@ pub fn force_in_order_split(chunk: Option<usize>) {
     fast::force_split(chunk);
 }
 
+/// Tests: with two threads, added to the memo base the second one probes for its first chunk
+/// (0: none), so that a wrong one must be caught.
+#[doc(hidden)]
+pub fn force_probe_error(by: u32) {
+    fast::force_probe_error(by);
+}
+
 /// Tests: whether the parallel reader's chunks hand on the bytes of the short opcodes left
 /// to the stitch (`false`: the stitch reads every one back from the input).
 #[doc(hidden)]

@@ -277,6 +277,42 @@ fn two_threads_read_the_same_wherever_they_meet() {
     }
 }
 
+/// With two threads the second one reads its memo base from inside its first chunk (a
+/// `free_completed` fetching the frames list its `free_requested` stored) instead of counting
+/// the chunks before it. A wrong base is caught where the first thread reaches that chunk, and
+/// the input is read again the counted way: the snapshot is the same.
+#[test]
+fn a_wrong_probed_base_is_caught() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for name in [
+        "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
+        "real/ZidongLiu__DeComFL__memory.pickle",
+        "captured/protocol5_eval.pickle",
+    ] {
+        let data = read(&common::fixture(name));
+        let whole = snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s));
+        assert!(whole.is_some(), "{name}: the parallel reader takes it");
+        for error in [1, u32::MAX] {
+            for split in [1, 5, 17] {
+                snapshot::force_in_order_split(Some(split));
+                snapshot::force_probe_error(error);
+                let got = pool.install(|| {
+                    snapshot::load_bytes_parallel_chunked(&data, 1).map(|s| canonical(&s))
+                });
+                snapshot::force_probe_error(0);
+                snapshot::force_in_order_split(None);
+                assert!(
+                    got == whole,
+                    "{name}: split at {split}, base off by {error}"
+                );
+            }
+        }
+    }
+}
+
 /// With two threads the second one helps only if the pool starts it: here the pool's other
 /// thread is busy until the read is done, so the first thread must read every chunk itself
 /// rather than wait for a helper that never comes.

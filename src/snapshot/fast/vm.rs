@@ -361,6 +361,10 @@ impl<'a> Ctx<'a> {
             true => *near,
             false => match self.chunk_of_memo(g) {
                 Some(k) => k,
+                None if self.count_for(g) => match self.chunk_of_memo(g) {
+                    Some(k) => k,
+                    None => return Resolved::Unknown,
+                },
                 None => return Resolved::Unknown,
             },
         };
@@ -378,6 +382,79 @@ impl<'a> Ctx<'a> {
                 decode_scalar(self.data, c.start + rel as usize)
             }
             _ => Resolved::Unknown,
+        }
+    }
+
+    /// Counts the chunks that may hold memo index `g` when no chunk counted so far does: a
+    /// helper of the in-order reader starts with its own base only (probed, see `probe`), and
+    /// fetches the keys and actions stored near the front and lists stored just before it. The
+    /// chunks not counted yet lie between the first thread (the lowest chunk of unknown count,
+    /// its base known) and the next chunk whose base is known; they are walked from the end
+    /// nearer to `g`, LANES at a time, until one holds `g`. The counts must agree with the
+    /// bases known at both ends and with what the threads find running the chunks: a probed
+    /// base that was wrong fails here or there, and the reader starts over the counted way.
+    /// False when `g` lies in no gap (or a walk finds what the machines do not run).
+    fn count_for(&self, g: u32) -> bool {
+        if self.all_known.load(Ordering::Acquire) {
+            return false;
+        }
+        let n = self.spans.len();
+        loop {
+            if self.chunk_of_memo(g).is_some() {
+                return true;
+            }
+            let Some(lo) = (0..n).find(|&k| self.memo_count(k).is_none()) else {
+                return false;
+            };
+            let Some(hi) = (lo + 1..n).find(|&k| self.memo_base(k).is_some()) else {
+                return false;
+            };
+            let (Some(lo_base), Some(hi_base)) = (self.memo_base(lo), self.memo_base(hi)) else {
+                return false;
+            };
+            if !(lo_base..hi_base).contains(&g) {
+                return false;
+            }
+            let forward = g - lo_base < hi_base - g;
+            let group = match forward {
+                true => lo..(lo + scan::LANES).min(hi),
+                false => hi.saturating_sub(scan::LANES).max(lo)..hi,
+            };
+            let ranges: Vec<(usize, usize)> = self.spans[group.clone()]
+                .iter()
+                .map(|r| (r.start, r.end))
+                .collect();
+            let walks = scan::walk_in_order(self.data, &ranges);
+            if walks
+                .iter()
+                .any(|w| w.unsupported || w.stop.is_some() || w.cut.is_some())
+            {
+                return false;
+            }
+            let counted = match forward {
+                true => group.clone().zip(&walks).try_fold(lo_base, |base, (k, w)| {
+                    self.set_counts(k, base, w.memos).ok()?;
+                    let next = base.checked_add(w.memos)?;
+                    self.set_counts(k + 1, next, UNKNOWN).ok()?;
+                    Some(next)
+                }),
+                false => group
+                    .clone()
+                    .zip(&walks)
+                    .rev()
+                    .try_fold(hi_base, |end, (k, w)| {
+                        let base = end.checked_sub(w.memos)?;
+                        self.set_counts(k, base, w.memos).ok()?;
+                        Some(base)
+                    }),
+            };
+            if counted.is_none() {
+                return false;
+            }
+            if !forward {
+                // Far from the first thread: its pages are not kept for it.
+                (self.release)(self.spans[group.start].start, self.spans[group.end - 1].end);
+            }
         }
     }
 
