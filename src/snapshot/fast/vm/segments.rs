@@ -249,6 +249,12 @@ impl<'a> Vm<'a, '_> {
         self.scratch_blocks = blocks;
         let (seg, pool_ext, _) = seg?;
         let row = u32::try_from(self.segs.len()).ok()?;
+        if self.segs.capacity() == 0 && self.mode == Mode::Chunk {
+            // A segment with one block takes 110 bytes or more: room for the rest of the
+            // chunk's, so the rows are not copied as they grow (untouched room costs no memory).
+            let rest = self.ctx.spans[self.src as usize].end.saturating_sub(p);
+            self.segs.reserve(rest / 100);
+        }
         self.segs.push(SegRow { seg, pool_ext });
         self.stack.push(LVal::Seg { src: self.src, row });
         end
