@@ -519,7 +519,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     let mut timer = crate::timing::Timer::new();
     // The replay reads the trace in order, on one core; the others find phases, summarize
     // the trace and run the checks that need no replay.
-    let (replay, (phases, (summary, checks))) = rayon::join(
+    let (replay, (phases, (summary, checks, dump))) = rayon::join(
         || replay_device(snapshot, device),
         || {
             rayon::join(
@@ -527,13 +527,15 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
                 || {
                     let summary = super::summary::summarize(snapshot, device);
                     let checks = super::quality::trace_checks(snapshot, device, &summary);
-                    (summary, checks)
+                    // The dump's sums need no replay either (the replay takes longer).
+                    let dump = final_state(snapshot.segments_of(device));
+                    (summary, checks, dump)
                 },
             )
         },
     );
     timer.lap("replay, phases and trace summary");
-    let mut report = device_report_with(snapshot, device, options, &replay, phases, &summary);
+    let mut report = device_report_with(snapshot, device, options, &replay, phases, &summary, dump);
     report.data_quality = super::quality::device_quality(&replay, checks, &summary);
     timer.lap("the rest of the report");
     report
@@ -607,6 +609,7 @@ fn device_report_with(
     replay: &DeviceReplay,
     mut phases: Phases,
     summary: &super::summary::TraceSummary,
+    dump: FinalState,
 ) -> DeviceReport {
     let trace = snapshot.trace(device);
     phases.fill_by_step_position(trace, &replay.requested);
@@ -895,7 +898,6 @@ fn device_report_with(
             crate::units::counted(replay.window.unmatched_frees, "free", "frees")
         ));
     }
-    let dump = final_state(snapshot.segments_of(device));
     if let Some(note) = cached_remark(&dump) {
         notes.push(note);
     }
