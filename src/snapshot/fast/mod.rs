@@ -53,8 +53,9 @@ fn chunk_bytes(len: usize) -> usize {
 /// When the first thread's share turns out too large (on torch's dumps the segments at the
 /// front take several times longer per byte than the trace), the helper evens it out by taking
 /// chunks back; a share too small would not be evened out, so the helper's errs on the small
-/// side. (When the helper must walk to its base, see [`walked_start`], its share is smaller
-/// than it could be; the probe finds the base on every real-shaped dump tried.)
+/// side. (When the helper must walk to its base instead, see [`walked_start`], half is more
+/// than it can run in time, and the first thread ends first and waits: with the walk, three
+/// eighths evened out. The probe found the base on every real-shaped dump tried.)
 const HELPER_SHARE: (usize, usize) = (1, 2);
 
 /// Why the parallel reader gives no snapshot.
