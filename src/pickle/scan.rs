@@ -125,6 +125,13 @@ pub struct Walk {
     pub unsupported: bool,
 }
 
+impl Walk {
+    /// The range walked whole: no STOP, no cut, nothing the parallel reader does not handle.
+    pub fn is_plain(&self) -> bool {
+        !self.unsupported && self.stop.is_none() && self.cut.is_none()
+    }
+}
+
 /// Opcode lengths for the walk's fast step: the low four bits are the length (1..=9), `VAR1`
 /// set adds the byte after the opcode (one-byte length prefix); 0 = the careful step decides
 /// (other variable lengths, STOP, PROTO, anything unsupported).

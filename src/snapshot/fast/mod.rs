@@ -385,21 +385,12 @@ fn read_in_order<'a>(
                 c.1 -= take;
                 (c.1, c.1 + take)
             };
-            let mut bases: Vec<u32> = (lo..hi).filter_map(|k| ctx.memo_base(k)).collect();
-            if bases.len() != hi - lo {
-                let walks = scan::walk_in_order(data, &plan.ranges[lo..hi]);
-                let mut end = ctx.memo_base(hi).ok_or(Unsupported)?;
-                bases = vec![0; hi - lo];
-                for (k, w) in (lo..hi).zip(walks).rev() {
-                    if w.unsupported || w.stop.is_some() || w.cut.is_some() {
-                        return Err(Unsupported);
-                    }
-                    end = end.checked_sub(w.memos).ok_or(Unsupported)?;
-                    bases[k - lo] = end;
-                }
+            if (lo..hi).any(|k| ctx.memo_base(k).is_none()) && !ctx.count_chunks(lo..hi, true) {
+                return Err(Unsupported);
             }
             for k in (lo..hi).rev() {
-                taken.push(run(k, bases[k - lo], &mut spare, &mut behind)?.0);
+                let base = ctx.memo_base(k).ok_or(Unsupported)?;
+                taken.push(run(k, base, &mut spare, &mut behind)?.0);
             }
         }
         taken.reverse();
@@ -489,7 +480,7 @@ fn walked_start(
         let group = &ranges[from..low];
         let walks = scan::walk_in_order(data, group);
         for w in walks.iter().rev() {
-            if w.unsupported || w.stop.is_some() || w.cut.is_some() {
+            if !w.is_plain() {
                 return Ok(None);
             }
             walked.push(w.memos);

@@ -9,6 +9,7 @@
 
 use rustc_hash::FxHashMap;
 
+use super::vm::memo_index;
 use crate::pickle::opcodes as op;
 use crate::pickle::scan::{op_len, Step};
 
@@ -60,11 +61,7 @@ pub fn memo_base(data: &[u8], start: usize, end: usize) -> Option<u32> {
                 }
                 memos = memos.checked_add(1)?;
             }
-            op::BINGET => stack.push(Item::Fetch(data[pos + 1] as u32)),
-            op::LONG_BINGET => {
-                let b = &data[pos + 1..pos + 5];
-                stack.push(Item::Fetch(u32::from_le_bytes([b[0], b[1], b[2], b[3]])));
-            }
+            op::BINGET | op::LONG_BINGET => stack.push(Item::Fetch(memo_index(data, pos)?.0)),
             op::BININT1 | op::BININT2 | op::BININT | op::LONG1 => {
                 stack.push(Item::Int(pos, pos + n))
             }

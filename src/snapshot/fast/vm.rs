@@ -420,35 +420,7 @@ impl<'a> Ctx<'a> {
                 true => lo..(lo + scan::LANES).min(hi),
                 false => hi.saturating_sub(scan::LANES).max(lo)..hi,
             };
-            let ranges: Vec<(usize, usize)> = self.spans[group.clone()]
-                .iter()
-                .map(|r| (r.start, r.end))
-                .collect();
-            let walks = scan::walk_in_order(self.data, &ranges);
-            if walks
-                .iter()
-                .any(|w| w.unsupported || w.stop.is_some() || w.cut.is_some())
-            {
-                return false;
-            }
-            let counted = match forward {
-                true => group.clone().zip(&walks).try_fold(lo_base, |base, (k, w)| {
-                    self.set_counts(k, base, w.memos).ok()?;
-                    let next = base.checked_add(w.memos)?;
-                    self.set_counts(k + 1, next, UNKNOWN).ok()?;
-                    Some(next)
-                }),
-                false => group
-                    .clone()
-                    .zip(&walks)
-                    .rev()
-                    .try_fold(hi_base, |end, (k, w)| {
-                        let base = end.checked_sub(w.memos)?;
-                        self.set_counts(k, base, w.memos).ok()?;
-                        Some(base)
-                    }),
-            };
-            if counted.is_none() {
+            if !self.count_chunks(group.clone(), !forward) {
                 return false;
             }
             if !forward {
@@ -456,6 +428,47 @@ impl<'a> Ctx<'a> {
                 (self.release)(self.spans[group.start].start, self.spans[group.end - 1].end);
             }
         }
+    }
+
+    /// Walks the chunks of `group` (counting only) and records their bases and counts, from
+    /// the base of the first of them, or with `back` from the base of the chunk after them.
+    /// False when that base is not known, a walk finds what the machines do not run, or a
+    /// count or base disagrees with one recorded before.
+    pub fn count_chunks(&self, group: Range<usize>, back: bool) -> bool {
+        let ranges: Vec<(usize, usize)> = self.spans[group.clone()]
+            .iter()
+            .map(|r| (r.start, r.end))
+            .collect();
+        let walks = scan::walk_in_order(self.data, &ranges);
+        if !walks.iter().all(scan::Walk::is_plain) {
+            return false;
+        }
+        let counted = match back {
+            false => {
+                let Some(first) = self.memo_base(group.start) else {
+                    return false;
+                };
+                group.zip(&walks).try_fold(first, |base, (k, w)| {
+                    self.set_counts(k, base, w.memos).ok()?;
+                    let next = base.checked_add(w.memos)?;
+                    if k + 1 < self.spans.len() {
+                        self.set_counts(k + 1, next, UNKNOWN).ok()?;
+                    }
+                    Some(next)
+                })
+            }
+            true => {
+                let Some(after) = self.memo_base(group.end) else {
+                    return false;
+                };
+                group.zip(&walks).rev().try_fold(after, |end, (k, w)| {
+                    let base = end.checked_sub(w.memos)?;
+                    self.set_counts(k, base, w.memos).ok()?;
+                    Some(base)
+                })
+            }
+        };
+        counted.is_some()
     }
 
     /// Whether chunk `k`'s MEMOIZEs assign memo index `g` (`false` for a chunk not counted
@@ -620,7 +633,7 @@ fn small_int(data: &[u8], p: usize) -> Option<(i64, usize)> {
 
 /// The memo index a BINGET or LONG_BINGET at `p` fetches, and the position after it.
 #[inline(always)]
-fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
+pub(super) fn memo_index(data: &[u8], p: usize) -> Option<(u32, usize)> {
     match *data.get(p)? {
         op::BINGET => Some((*data.get(p + 1)? as u32, p + 2)),
         op::LONG_BINGET => {
