@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::safe;
 use super::style::{paint, Tone};
 
 /// One table cell: its text and how it should stand out on a colour terminal.
@@ -79,22 +80,36 @@ pub enum Block {
     },
 }
 
-fn md_escape(s: &str) -> String {
-    s.replace('|', "\\|")
-}
-
-fn md_code(s: &str) -> String {
-    if s.contains('`') {
-        format!("`` {} ``", md_escape(s))
-    } else {
-        format!("`{}`", md_escape(s))
+impl Block {
+    /// The block as a terminal shows it: the untrusted strings in it unmarked, every control
+    /// character as a visible escape ([`safe::text`]).
+    fn for_terminal(&self) -> Block {
+        let t = |s: &str| safe::text(s).into_owned();
+        match self {
+            Block::Title(s, tone) => Block::Title(t(s), *tone),
+            Block::Heading(h) => Block::Heading(t(h)),
+            Block::Para(p, tone) => Block::Para(t(p), *tone),
+            Block::Table {
+                title,
+                columns,
+                rows,
+            } => Block::Table {
+                title: title.as_deref().map(t),
+                columns: columns.clone(),
+                rows: rows
+                    .iter()
+                    .map(|r| r.iter().map(|c| Cell::toned(t(&c.text), c.tone)).collect())
+                    .collect(),
+            },
+        }
     }
 }
 
 /// Terminal text; colour escapes only when `color`.
 pub fn text(blocks: &[Block], color: bool) -> String {
     let mut out = String::new();
-    for block in blocks {
+    for block in blocks.iter().map(Block::for_terminal) {
+        let block = &block;
         match block {
             Block::Title(t, tone) => {
                 let _ = writeln!(out, "{}", paint(t, tone.unwrap_or(Tone::Strong), color));
@@ -180,17 +195,17 @@ pub fn markdown(blocks: &[Block]) -> String {
     for block in blocks {
         match block {
             Block::Title(t, _) => {
-                let _ = writeln!(out, "## {t}\n");
+                let _ = writeln!(out, "## {}\n", safe::markdown(t, false));
             }
             Block::Heading(h) => {
-                let _ = writeln!(out, "### {h}\n");
+                let _ = writeln!(out, "### {}\n", safe::markdown(h, false));
             }
             Block::Para(p, tone) => match tone {
                 Some(Tone::Bad) | Some(Tone::Strong) => {
-                    let _ = writeln!(out, "**{}**\n", p.trim());
+                    let _ = writeln!(out, "**{}**\n", safe::markdown(p.trim(), false));
                 }
                 _ => {
-                    let _ = writeln!(out, "{p}\n");
+                    let _ = writeln!(out, "{}\n", safe::markdown(p, false));
                 }
             },
             Block::Table {
@@ -199,7 +214,7 @@ pub fn markdown(blocks: &[Block]) -> String {
                 rows,
             } => {
                 if let Some(t) = title {
-                    let _ = writeln!(out, "**{t}**\n");
+                    let _ = writeln!(out, "**{}**\n", safe::markdown(t, false));
                 }
                 if rows.is_empty() {
                     out.push_str("(none)\n\n");
@@ -217,10 +232,10 @@ pub fn markdown(blocks: &[Block]) -> String {
                         .iter()
                         .zip(columns)
                         .map(|(c, col)| {
-                            if col.code && !c.text.is_empty() {
-                                md_code(&c.text)
+                            if col.code && !safe::has_names(&c.text) {
+                                safe::md_code(&c.text, true)
                             } else {
-                                md_escape(&c.text)
+                                safe::markdown(&c.text, true)
                             }
                         })
                         .collect();

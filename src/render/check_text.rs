@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use super::blocks::{self, code, left, right, Block, Cell};
+use super::safe;
 use super::style::{paint, Tone};
 use crate::report::{Amount, Budget, Budgets, CheckReport, Moment, Violation};
 use crate::units::format_bytes;
@@ -89,7 +90,7 @@ pub fn text(r: &CheckReport, color: bool) -> String {
             out,
             "{} {} device {} {}: {} > {} ({})",
             paint("FAIL", Tone::Bad, color),
-            v.path,
+            safe::term(&v.path),
             v.device,
             v.budget.flag(),
             amount(v.budget, v.measured),
@@ -140,7 +141,7 @@ pub fn markdown(r: &CheckReport) -> String {
                 .iter()
                 .map(|v| {
                     vec![
-                        Cell::from(v.path.clone()),
+                        Cell::from(safe::name(&v.path)),
                         Cell::from(v.device.to_string()),
                         Cell::from(format!("`{}`", v.budget.flag())),
                         Cell::from(short_amount(v.budget, v.measured)),
@@ -167,7 +168,7 @@ pub fn markdown(r: &CheckReport) -> String {
             .flat_map(|f| {
                 f.devices.iter().map(move |d| {
                     vec![
-                        Cell::from(f.path.clone()),
+                        Cell::from(safe::name(&f.path)),
                         Cell::from(d.device.to_string()),
                         Cell::from(short_amount(
                             Budget::MaxPeak,

@@ -2,6 +2,7 @@
 //! the same blocks.
 
 use super::blocks::{self, code, left, right, Block, Cell};
+use super::safe;
 use super::style::Tone;
 use crate::report::{Change, Delta, DeviceDiff, DiffReport, KeyDelta};
 use crate::units::{format_bytes, format_bytes_signed};
@@ -106,7 +107,7 @@ fn oom_line(d: &DeviceDiff) -> Option<(String, Tone)> {
         .oom
         .verdict
         .as_deref()
-        .map(|v| format!(", verdict {v}"))
+        .map(|v| format!(", verdict {}", safe::name(v)))
         .unwrap_or_default();
     match d.oom.change.as_str() {
         "appeared" => Some((
@@ -176,7 +177,7 @@ fn key_table(title: String, first: &'static str, rows: &[&KeyDelta], with_counts
                         _ => "-".to_owned(),
                     }));
                 }
-                r.push(Cell::from(k.key.clone()));
+                r.push(Cell::from(safe::name(&k.key)));
                 r
             })
             .collect(),
@@ -221,7 +222,7 @@ fn device_blocks(d: &DeviceDiff, view: &DiffView, several: bool) -> Vec<Block> {
             },
         ),
     ]);
-    let phase = |p: &Option<String>| p.clone().unwrap_or_else(|| "-".to_owned());
+    let phase = |p: &Option<String>| p.as_deref().map_or_else(|| "-".to_owned(), safe::name);
     if d.peak_phase.base.is_some() || d.peak_phase.new.is_some() {
         rows.push(vec![
             Cell::from("phase at the peak"),
@@ -323,9 +324,13 @@ fn all_blocks(r: &DiffReport, view: &DiffView, markdown: bool) -> Vec<Block> {
     )];
     out.push(Block::Para(
         if markdown {
-            format!("`{}` → `{}`", r.base, r.new)
+            format!("{} → {}", safe::name(&r.base), safe::name(&r.new))
         } else {
-            format!("base: {}\nnew:  {}", r.base, r.new)
+            format!(
+                "base: {}\nnew:  {}",
+                safe::name(&r.base),
+                safe::name(&r.new)
+            )
         },
         None,
     ));

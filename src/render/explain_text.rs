@@ -100,22 +100,8 @@ pub fn text(e: &Explain) -> String {
     if let Some(line) = omitted_line(e) {
         let _ = writeln!(out, "\n{line}.");
     }
-    out
-}
-
-/// A code fence longer than any run of backticks in `text`.
-fn fence(text: &str) -> String {
-    let mut longest = 0;
-    let mut run = 0;
-    for c in text.chars() {
-        if c == '`' {
-            run += 1;
-            longest = longest.max(run);
-        } else {
-            run = 0;
-        }
-    }
-    "`".repeat(longest.max(2) + 1)
+    // The log is untrusted: none of its characters reaches the terminal raw.
+    super::safe::lines(&out).into_owned()
 }
 
 /// Markdown: one section per message with a figures table and a numbered list of actions.
@@ -133,8 +119,9 @@ pub fn markdown(e: &Explain) -> String {
         let _ = writeln!(out, "## {}: {}\n", place(m, "Line"), m.verdict.as_str());
         let _ = writeln!(out, "**{}** — {}.\n", m.verdict.as_str(), m.reason);
         if !m.text.is_empty() {
-            let f = fence(&m.text);
-            let _ = writeln!(out, "{f}text\n{}\n{f}\n", m.text);
+            let lines: Vec<String> = m.text.lines().map(str::to_owned).collect();
+            let (f, lines) = super::safe::md_fence(&lines);
+            let _ = writeln!(out, "{f}text\n{}\n{f}\n", lines.join("\n"));
         }
         out.push_str("| figure | size | bytes |\n|---|---:|---:|\n");
         for (label, bytes) in figures(m) {
@@ -163,5 +150,5 @@ pub fn markdown(e: &Explain) -> String {
     if let Some(line) = omitted_line(e) {
         let _ = writeln!(out, "{line}.");
     }
-    out
+    super::safe::lines(&out).into_owned()
 }

@@ -2,6 +2,7 @@
 
 use super::blocks::{self, code, left, right, Block, Cell};
 use super::report_text::{outlier_note, RANK_COLUMNS_NOTE};
+use super::safe;
 use super::style::Tone;
 use crate::report::MergeReport;
 use crate::units::{format_bytes, format_bytes_signed};
@@ -22,7 +23,7 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
     let t = &m.ranks;
     let label = |r: &crate::report::RankRow| match r.rank {
         Some(n) => format!("rank {n}"),
-        None => r.path.clone(),
+        None => safe::name(&r.path),
     };
     let median = t.median_peak_requested_bytes;
     let oom: Vec<String> = t.rows.iter().filter(|r| r.oom).map(label).collect();
@@ -97,7 +98,7 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
                         dash(),
                         Cell::toned("unreadable", Some(Tone::Bad)),
                         Cell::from(String::new()),
-                        Cell::from(e.clone()),
+                        Cell::from(safe::name(e)),
                     ];
                 }
                 vec![
@@ -123,7 +124,7 @@ fn all_blocks(m: &MergeReport) -> Vec<Block> {
                         if r.outlier { "OUTLIER" } else { "" },
                         r.outlier.then_some(Tone::Bad),
                     ),
-                    Cell::from(r.path.clone()),
+                    Cell::from(safe::name(&r.path)),
                 ]
             })
             .collect(),

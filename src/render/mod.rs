@@ -6,6 +6,7 @@ pub mod diff_text;
 pub mod explain_text;
 pub mod html;
 pub mod merge_text;
+pub mod safe;
 pub mod stats_text;
 pub mod style;
 pub mod svg;

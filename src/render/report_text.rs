@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use super::safe;
 use crate::report::{
     CallSiteBytes, DeviceReport, FileReport, FileSummary, LiveAllocation, OmittedSegments, Oom,
     OomHeadline, Report, SegmentReport, StepSummary,
@@ -142,7 +143,7 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
                     format_bytes(s.bytes),
                     pct(s.share),
                     s.count.to_string(),
-                    s.call_site.clone(),
+                    safe::name(&s.call_site),
                 ]
             })
             .collect(),
@@ -154,13 +155,13 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
             }
             let mut lines = vec![format!(
                 "stack of the largest allocation from {}:",
-                s.call_site
+                safe::name(&s.call_site)
             )];
             let shown = s
                 .stack
                 .iter()
                 .filter(|l| !view.python_only || is_python_frame(l));
-            lines.extend(shown.map(|l| format!("    {l}")));
+            lines.extend(shown.map(|l| format!("    {}", safe::name(l))));
             blocks.push(Block::Lines(lines));
         }
     }
@@ -193,7 +194,7 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
                         .map(|x| x.to_string())
                         .unwrap_or_else(|| "-".into()),
                     a.category.to_string(),
-                    a.call_site.to_string(),
+                    safe::name(&a.call_site),
                 ]
             })
             .collect(),
@@ -252,7 +253,7 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
         o.stream
     );
     if let Some(site) = &o.call_site {
-        let _ = write!(s, " at {site}");
+        let _ = write!(s, " at {}", safe::name(site));
     }
     s.push_str(". ");
     if o.verdict == "fragmentation" {
@@ -350,7 +351,8 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     let mut out = Vec::new();
     out.push(Block::Heading(format!(
         "{} — device {}",
-        file.path, dev.device
+        safe::name(&file.path),
+        dev.device
     )));
 
     // 1. The verdict.
@@ -765,7 +767,7 @@ fn rank_blocks(report: &Report) -> Vec<Block> {
                     let rank = r.rank.map(|x| x.to_string()).unwrap_or_else(dash);
                     if r.error.is_some() {
                         return vec![
-                            r.path.clone(),
+                            safe::name(&r.path),
                             rank,
                             dash(),
                             dash(),
@@ -776,7 +778,7 @@ fn rank_blocks(report: &Report) -> Vec<Block> {
                         ];
                     }
                     vec![
-                        r.path.clone(),
+                        safe::name(&r.path),
                         rank,
                         r.peak_device.map(|d| d.to_string()).unwrap_or_else(dash),
                         bytes(r.peak_requested_bytes),
@@ -815,7 +817,7 @@ fn oom_brief(h: &OomHeadline) -> String {
         in_phase(&h.phase, None, "")
     );
     if let Some(site) = &h.call_site {
-        let _ = write!(s, " at {site}");
+        let _ = write!(s, " at {}", safe::name(site));
     }
     let _ = write!(s, ", {}", h.verdict.to_uppercase());
     if h.oom_events > 1 {
@@ -834,7 +836,11 @@ fn oom_brief(h: &OomHeadline) -> String {
 /// The first lines of a file with several devices: which devices ran out of memory and where,
 /// the others' peaks, and an imbalance of the peaks.
 fn file_headline(path: &str, sum: &FileSummary, devices: &[DeviceReport]) -> Vec<Block> {
-    let mut out = vec![Block::Heading(format!("{path} — {} devices", sum.devices))];
+    let mut out = vec![Block::Heading(format!(
+        "{} — {} devices",
+        safe::name(path),
+        sum.devices
+    ))];
     for h in &sum.oom {
         out.push(Block::Alert(format!(
             "OOM on {}: {}.",
@@ -926,12 +932,17 @@ pub fn brief(report: &Report) -> String {
         if !cut.is_empty() {
             let _ = write!(flags, " [salvaged: {}]", cut.join(", "));
         }
-        let _ = writeln!(out, "{}: {line}{flags}", f.path);
+        let _ = writeln!(out, "{}: {line}{flags}", safe::name(&f.path));
     }
     for u in &report.unreadable {
-        let _ = writeln!(out, "{}: could not read: {}", u.path, u.error);
+        let _ = writeln!(
+            out,
+            "{}: could not read: {}",
+            safe::name(&u.path),
+            safe::name(&u.error)
+        );
     }
-    out
+    safe::text(&out).into_owned()
 }
 
 fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
@@ -941,7 +952,7 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
             blocks.extend(file_headline(&file.path, &file.summary, &file.devices));
         }
         if file.devices.is_empty() {
-            blocks.push(Block::Heading(file.path.clone()));
+            blocks.push(Block::Heading(safe::name(&file.path)));
             blocks.push(Block::Para(
                 "No segments and no trace: nothing to report.".into(),
             ));
@@ -956,6 +967,40 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         }
     }
     blocks
+}
+
+impl Block {
+    /// The block as a terminal shows it: the untrusted strings in it unmarked, every control
+    /// character as a visible escape ([`safe::text`]).
+    fn for_terminal(self) -> Block {
+        let t = |s: String| safe::text(&s).into_owned();
+        match self {
+            Block::Heading(h) => Block::Heading(t(h)),
+            Block::Para(p) => Block::Para(t(p)),
+            Block::Alert(p) => Block::Alert(t(p)),
+            Block::Table {
+                title,
+                header,
+                right,
+                rows,
+            } => Block::Table {
+                title: t(title),
+                header,
+                right,
+                rows: rows
+                    .into_iter()
+                    .map(|r| r.into_iter().map(t).collect())
+                    .collect(),
+            },
+            Block::Lines(lines) => Block::Lines(lines.into_iter().map(t).collect()),
+            Block::Items(items) => Block::Items(
+                items
+                    .into_iter()
+                    .map(|(head, details)| (t(head), details.into_iter().map(t).collect()))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// Wraps a paragraph at `width` columns.
@@ -984,7 +1029,10 @@ pub fn text(report: &Report, view: &View) -> String {
 /// [`text`] with the OOM verdicts in bold red when `color` is on (a terminal).
 pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
     let mut out = String::new();
-    for block in all_blocks(report, view) {
+    for block in all_blocks(report, view)
+        .into_iter()
+        .map(Block::for_terminal)
+    {
         match block {
             Block::Alert(p) => {
                 for line in wrap(&p, 100) {
@@ -1083,35 +1131,33 @@ pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
     out
 }
 
-fn md_cell(s: &str) -> String {
-    s.replace('|', "\\|")
-}
-
 pub fn markdown(report: &Report, view: &View) -> String {
     let mut out = String::from("# snapscan report\n\n");
     for block in all_blocks(report, view) {
         match block {
+            // The heading (a file's path and its device) is one code span.
             Block::Heading(h) => {
-                let _ = writeln!(out, "## `{h}`\n");
+                let _ = writeln!(out, "## {}\n", safe::md_code(&safe::text(&h), false));
             }
             Block::Para(p) | Block::Alert(p) => {
-                let _ = writeln!(out, "{p}\n");
+                let _ = writeln!(out, "{}\n", safe::markdown(&p, false));
             }
             Block::Items(items) => {
                 for (i, (head, details)) in items.iter().enumerate() {
-                    let _ = writeln!(out, "{}. **{}**", i + 1, head);
+                    let _ = writeln!(out, "{}. **{}**", i + 1, safe::markdown(head, false));
                     for d in details {
-                        let _ = writeln!(out, "   - {d}");
+                        let _ = writeln!(out, "   - {}", safe::markdown(d, false));
                     }
                 }
                 out.push('\n');
             }
             Block::Lines(lines) => {
-                out.push_str("```\n");
+                let (fence, lines) = safe::md_fence(&lines);
+                let _ = writeln!(out, "{fence}");
                 for l in lines {
                     let _ = writeln!(out, "{l}");
                 }
-                out.push_str("```\n\n");
+                let _ = writeln!(out, "{fence}\n");
             }
             Block::Table {
                 title,
@@ -1119,7 +1165,7 @@ pub fn markdown(report: &Report, view: &View) -> String {
                 right,
                 rows,
             } => {
-                let _ = writeln!(out, "**{title}**\n");
+                let _ = writeln!(out, "**{}**\n", safe::markdown(&title, false));
                 if rows.is_empty() {
                     out.push_str("(none)\n\n");
                     continue;
@@ -1135,10 +1181,11 @@ pub fn markdown(report: &Report, view: &View) -> String {
                         .iter()
                         .enumerate()
                         .map(|(i, c)| {
-                            if header[i] == "call site" || header[i] == "file" {
-                                format!("`{}`", md_cell(c))
+                            let code = header[i] == "call site" || header[i] == "file";
+                            if code && !safe::has_names(c) && !c.is_empty() {
+                                safe::md_code(c, true)
                             } else {
-                                md_cell(c)
+                                safe::markdown(c, true)
                             }
                         })
                         .collect();
@@ -1172,7 +1219,7 @@ pub fn markdown_with_pictures(report: &Report, view: &View, pictures: &[PictureL
     let mut section = String::from("## Pictures\n\n");
     for p in pictures {
         if pictures.len() > 1 {
-            let _ = writeln!(section, "**`{}`**\n", md_cell(&p.file));
+            let _ = writeln!(section, "**{}**\n", safe::md_code(&p.file, false));
         }
         let _ = writeln!(
             section,

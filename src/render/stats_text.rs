@@ -50,7 +50,7 @@ fn file_text(out: &mut String, file: &FileStats) {
     let _ = writeln!(
         out,
         "{}  ({}, {} decoded, stacks {})",
-        file.path,
+        super::safe::term(&file.path),
         match file.compression {
             crate::input::Compression::None => "uncompressed",
             crate::input::Compression::Gzip => "gzip",
@@ -74,7 +74,7 @@ fn file_text(out: &mut String, file: &FileStats) {
         let states: Vec<String> = dev
             .blocks_by_state
             .iter()
-            .map(|(k, v)| format!("{k} {v}"))
+            .map(|(k, v)| format!("{} {v}", super::safe::term(k)))
             .collect();
         let _ = writeln!(out, "  blocks              {}", states.join(", "));
         for p in &dev.pools {
@@ -108,7 +108,7 @@ fn file_text(out: &mut String, file: &FileStats) {
         let actions: Vec<String> = dev
             .trace_entries_by_action
             .iter()
-            .map(|(k, v)| format!("{k} {v}"))
+            .map(|(k, v)| format!("{} {v}", super::safe::term(k)))
             .collect();
         if dev.trace_entries == 0 {
             let _ = writeln!(
@@ -138,5 +138,6 @@ pub fn render(stats: &StatsOutput) -> String {
         }
         file_text(&mut out, file);
     }
-    out
+    // No string of the file reaches the terminal raw (nothing of this output is coloured).
+    super::safe::lines(&out).into_owned()
 }
