@@ -365,7 +365,7 @@ fn load_readable(
         match r {
             Ok(l) => {
                 if let Some(s) = &l.snapshot.salvaged {
-                    eprintln!("snapscan: warning: {}: {}", l.name, s.describe(&l.snapshot));
+                    warn(&format!("{}: {}", l.name, s.describe(&l.snapshot)));
                 }
                 loaded.push(l);
             }
@@ -406,7 +406,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
             for u in &unreadable {
-                eprintln!("snapscan: error: {}", u.error);
+                error(&u.error);
             }
             timer.lap("load");
             let options = analysis::report::ReportOptions {
@@ -433,7 +433,19 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             let unreadable_lines: String = report
                 .unreadable
                 .iter()
-                .map(|u| format!("\nCould not read {}: {}\n", u.path, u.error))
+                .map(|u| {
+                    let (path, error) = match format {
+                        Format::Markdown => (
+                            crate::render::safe::md_code(&u.path, false),
+                            crate::render::safe::md_code(&u.error, false),
+                        ),
+                        _ => (
+                            crate::render::safe::term(&u.path).into_owned(),
+                            crate::render::safe::term(&u.error).into_owned(),
+                        ),
+                    };
+                    format!("\nCould not read {path}: {error}\n")
+                })
                 .collect();
             let code = if report.unreadable.is_empty() { 0 } else { 2 };
             let view = crate::render::report_text::View {
@@ -465,8 +477,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             if format == Format::Text {
                 for p in &pictures {
                     bytes.extend(
-                        format!("\nPictures of {}: {} {}\n", p.file, p.timeline, p.segments)
-                            .bytes(),
+                        format!(
+                            "\nPictures of {}: {} {}\n",
+                            crate::render::safe::term(&p.file),
+                            crate::render::safe::term(&p.timeline),
+                            crate::render::safe::term(&p.segments)
+                        )
+                        .bytes(),
                     );
                 }
             }
@@ -632,7 +649,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             }
             let merged = analysis::merge::merge_files(&paths, ranks)?;
             for u in &merged.unreadable {
-                eprintln!("snapscan: error: {}", u.error);
+                error(&u.error);
             }
             let color = output.is_none() && crate::render::style::stdout_allows_color();
             let bytes = match format {
@@ -693,7 +710,7 @@ fn view_page(
 ) -> Result<Outcome, anyhow::Error> {
     let (loaded, unreadable) = load_readable(files, salvage)?;
     for u in &unreadable {
-        eprintln!("snapscan: error: {}", u.error);
+        error(&u.error);
     }
     let named: Vec<(&str, &snapshot::Snapshot)> = loaded
         .iter()
@@ -929,6 +946,17 @@ fn exit_soon<T>(loaded: T) {
     std::mem::forget(loaded);
 }
 
+/// `snapscan: error: …` on stderr (a terminal too): the file names and the strings of a file
+/// that an error quotes have their control characters shown as escapes.
+fn error(message: &str) {
+    eprintln!("snapscan: error: {}", crate::render::safe::lines(message));
+}
+
+/// `snapscan: warning: …` on stderr, made safe like [`error`].
+fn warn(message: &str) {
+    eprintln!("snapscan: warning: {}", crate::render::safe::lines(message));
+}
+
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -972,13 +1000,13 @@ fn run_and_write(cli: Cli) -> ExitCode {
             match written {
                 Ok(()) => ExitCode::from(outcome.code),
                 Err(e) => {
-                    eprintln!("snapscan: error: {e:#}");
+                    error(&format!("{e:#}"));
                     ExitCode::from(2)
                 }
             }
         }
         Err(e) => {
-            eprintln!("snapscan: error: {e:#}");
+            error(&format!("{e:#}"));
             ExitCode::from(2)
         }
     }

@@ -83,7 +83,7 @@ impl Loading {
     /// Progress for the input called `name` (shown in the bar).
     pub fn new(name: &str) -> Loading {
         Loading {
-            name: short_name(name),
+            name: crate::render::safe::term(&short_name(name)).into_owned(),
             label: "",
             total: None,
             size: 0,
