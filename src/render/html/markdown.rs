@@ -8,19 +8,49 @@ pub fn esc(text: &str) -> String {
     crate::render::svg::esc(text)
 }
 
-/// Inline markup: code spans first (their content is literal), then bold and links.
+/// The number of backticks `s` starts with.
+fn backticks(s: &str) -> usize {
+    s.bytes().take_while(|&b| b == b'`').count()
+}
+
+/// Where the run of exactly `n` backticks that closes a code span starts in `s`.
+fn closing_run(s: &str, n: usize) -> Option<usize> {
+    let mut i = 0;
+    while let Some(k) = s[i..].find('`') {
+        let at = i + k;
+        let run = backticks(&s[at..]);
+        if run == n {
+            return Some(at);
+        }
+        i = at + run;
+    }
+    None
+}
+
+/// Inline markup: code spans first (their content is literal), then bold and links. A code
+/// span opens with a run of backticks and closes with a run of the same length (CommonMark),
+/// so that the report's spans around names that hold backticks stay whole.
 fn inline(text: &str) -> String {
     let mut out = String::new();
     let mut rest = text;
     while let Some(start) = rest.find('`') {
         out.push_str(&emphasis(&rest[..start]));
-        let after = &rest[start + 1..];
-        match after.find('`') {
+        let n = backticks(&rest[start..]);
+        let after = &rest[start + n..];
+        match closing_run(after, n) {
             Some(end) => {
+                let mut code = &after[..end];
+                if code.len() >= 2
+                    && code.starts_with(' ')
+                    && code.ends_with(' ')
+                    && !code.trim().is_empty()
+                {
+                    code = &code[1..code.len() - 1];
+                }
                 out.push_str("<code>");
-                out.push_str(&esc(&after[..end]));
+                out.push_str(&esc(code));
                 out.push_str("</code>");
-                rest = &after[end + 1..];
+                rest = &after[end + n..];
             }
             None => {
                 out.push_str(&esc(&rest[start..]));
@@ -32,7 +62,18 @@ fn inline(text: &str) -> String {
     out
 }
 
-/// `**bold**` and `[text](target)` (relative and http(s) targets only) in escaped text.
+/// Whether a link target is one of the report's own pictures: a relative path to an `.svg`
+/// file. Nothing else is linked: a target without a scheme can still leave the page
+/// (`//host/x`, `/\host/x`, or one that a browser cleans into them).
+fn is_own_picture(target: &str) -> bool {
+    target.ends_with(".svg")
+        && !target.starts_with('/')
+        && !target
+            .chars()
+            .any(|c| c == ':' || c == '\\' || c.is_whitespace() || c.is_control())
+}
+
+/// `**bold**` and `[text](target)` (links to the report's own pictures only) in escaped text.
 fn emphasis(text: &str) -> String {
     let mut out = String::new();
     let mut bold = false;
@@ -55,7 +96,7 @@ fn emphasis(text: &str) -> String {
                     Some((&after[..m], &after[m + 2..m + 2 + close], m + 2 + close + 1))
                 });
                 match link {
-                    Some((label, target, used)) if !target.contains(':') => {
+                    Some((label, target, used)) if is_own_picture(target) => {
                         out.push_str(&format!("<a href=\"{}\">{}</a>", esc(target), esc(label)));
                         rest = &after[used..];
                     }
@@ -146,9 +187,15 @@ pub fn to_html(md: &str) -> String {
         } else if t.starts_with("```") {
             flush(&mut out, &mut paragraph);
             out.push_str("<pre>");
+            // Closed by a line of at least as many backticks and nothing else.
+            let n = backticks(t);
+            let closes = |l: &str| {
+                let l = l.trim();
+                backticks(l) >= n && l.bytes().all(|b| b == b'`')
+            };
             i += 1;
             let mut first = true;
-            while i < lines.len() && !lines[i].trim_start().starts_with("```") {
+            while i < lines.len() && !closes(lines[i]) {
                 if !first {
                     out.push('\n');
                 }
@@ -295,5 +342,26 @@ mod tests {
             inline("see [timeline](out/timeline.svg) and [x](https://example.com)"),
             "see <a href=\"out/timeline.svg\">timeline</a> and [x](https://example.com)"
         );
+        for target in [
+            "//evil/x.svg",
+            "/\\evil/x.svg",
+            "\\\\evil/x.svg",
+            "x",
+            "/x.svg",
+            "a\tb.svg",
+        ] {
+            let html = inline(&format!("[a]({target})"));
+            assert!(!html.contains("<a"), "{target}: {html}");
+        }
+    }
+
+    #[test]
+    fn code_spans_and_fences_close_on_their_own_run() {
+        assert_eq!(
+            inline("`` a`[x](y.svg)` `` b"),
+            "<code>a`[x](y.svg)`</code> b"
+        );
+        let html = to_html("````\n```\n## x\n````\n");
+        assert_eq!(html, "<pre>```\n## x</pre>\n");
     }
 }
