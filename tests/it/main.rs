@@ -9,6 +9,7 @@ mod decode;
 mod diagnosis;
 mod edges;
 mod explain;
+mod forgery;
 mod headline;
 mod hostile;
 mod labels;
