@@ -35,6 +35,11 @@ pub struct Cli {
     /// No progress bar (it is also off when stderr is not a terminal or `CI` is set).
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// The most bytes one compressed input (or stdin) may decompress to. By default 200x the
+    /// compressed size (at least 256 MiB), and never more than a quarter of this machine's
+    /// memory (at most 16 GiB): a small file must not take the machine's memory.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = crate::units::parse_size)]
+    pub max_decompressed: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -968,6 +973,10 @@ pub fn main() -> ExitCode {
         }
     };
     crate::progress::enable_from_env(cli.quiet);
+    if let Some(bytes) = cli.max_decompressed {
+        crate::input::set_max_decompressed(bytes);
+    }
+    crate::guard::install();
     let code = run_and_write(cli);
     // For the linear-work test: the work counted by the reader and the analysis.
     if std::env::var_os("SNAPSCAN_WORK").is_some() {

@@ -119,6 +119,20 @@ struct Counting<'a, R> {
     decoded: Option<&'a std::cell::Cell<u64>>,
 }
 
+impl<R: std::io::BufRead> std::io::BufRead for Counting<'_, R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+    fn consume(&mut self, n: usize) {
+        self.inner.consume(n);
+        self.count += n as u64;
+        if self.count >= self.next {
+            self.next = self.count + crate::progress::STEP_BYTES as u64;
+            self.progress.set(self.count);
+        }
+    }
+}
+
 impl<R: Read> Read for Counting<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
@@ -139,11 +153,14 @@ impl<R: Read> Read for Counting<'_, R> {
 
 /// Decompresses all of `src` with `decoder`, showing the compressed bytes consumed. On a
 /// corrupt or cut stream: the error, and what was decompressed before it.
+/// Never more than `cap` bytes: past it, `over` is set and the error returned.
 fn decompress<'a, D: Read>(
     make: impl FnOnce(Counting<'a, &'a [u8]>) -> Result<D, String>,
     src: &'a [u8],
     progress: &'a mut Loading,
     decoded: &'a std::cell::Cell<u64>,
+    cap: u64,
+    over: &'a std::cell::Cell<bool>,
 ) -> Result<Vec<u8>, (String, Vec<u8>)> {
     progress.phase("decompressing", Some(src.len() as u64));
     let counting = Counting {
@@ -153,12 +170,18 @@ fn decompress<'a, D: Read>(
         progress,
         decoded: Some(decoded),
     };
-    let mut decoder = make(counting).map_err(|e| (e, Vec::new()))?;
+    let mut decoder = Capped {
+        inner: make(counting).map_err(|e| (e, Vec::new()))?,
+        left: cap,
+        over,
+    };
     // Room for the size the stream's header or trailer states, believed up to a ratio real
     // snapshots never reach (a crafted size must not reserve memory): growing by doubling
     // copied the output once more and, for a moment, held it twice.
-    let mut out: Vec<u8> =
-        Vec::with_capacity(stated_size(src).min(src.len().saturating_mul(MAX_BELIEVED_RATIO)));
+    let room = stated_size(src)
+        .min(src.len().saturating_mul(MAX_BELIEVED_RATIO))
+        .min(usize::try_from(cap).unwrap_or(usize::MAX));
+    let mut out: Vec<u8> = Vec::with_capacity(room);
     // No transparent huge pages asked for here: where the kernel's memory is fragmented, each
     // fault in an advised range waits for compaction (a 1 GB output took 2-7 s of system time
     // instead of 1 s), and even with free huge pages it was not faster.
@@ -246,13 +269,13 @@ fn decode_into_room<D: Read>(
 /// of the decoder. `None`, with nothing decoded, for
 /// anything else; a corrupt frame too, which the streaming path then decodes as far as it
 /// goes and words.
-fn zstd_at_once(src: &[u8], progress: &mut Loading) -> Option<Vec<u8>> {
+fn zstd_at_once(src: &[u8], progress: &mut Loading, cap: u64) -> Option<Vec<u8>> {
     if zstd::zstd_safe::find_frame_compressed_size(src).ok()? != src.len() {
         return None;
     }
     let size = zstd::zstd_safe::get_frame_content_size(src).ok()??;
     let size = usize::try_from(size).ok()?;
-    if size == 0 || size > src.len().saturating_mul(MAX_BELIEVED_RATIO) {
+    if size == 0 || size > src.len().saturating_mul(MAX_BELIEVED_RATIO) || size as u64 > cap {
         return None;
     }
     let mut decoder = zstd::bulk::Decompressor::new().ok()?;
@@ -299,6 +322,132 @@ fn populate_ahead((start, len): (usize, usize), stop: &std::sync::atomic::Atomic
 /// The largest decompressed size per compressed byte that [`stated_size`] is believed for.
 const MAX_BELIEVED_RATIO: usize = 64;
 
+/// How many bytes a compressed input (or stdin) may decompress to by default, per compressed
+/// byte. Real snapshots compress 9-50x (zstd -19 and gzip -9 on every real fixture); a bomb
+/// reaches 1000x and more.
+pub const DEFAULT_MAX_RATIO: u64 = 200;
+/// Whatever the ratio, a compressed input may always decompress to this much: small files
+/// compress best, and this much is cheap.
+pub const RATIO_FLOOR: u64 = 256 << 20;
+/// The absolute default: a quarter of the machine's memory, at most 16 GiB.
+const ABSOLUTE_CEILING: u64 = 16 << 30;
+
+/// `--max-decompressed`: 0 while not given.
+static MAX_DECOMPRESSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the most bytes any input may decompress to (or be read from stdin), replacing both
+/// the ratio and the absolute default (`--max-decompressed`). A process-wide setting, as every
+/// command loads its inputs through here.
+pub fn set_max_decompressed(bytes: u64) {
+    MAX_DECOMPRESSED.store(bytes.max(1), std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The cap on what `compressed` bytes may decompress to (`None`: stdin, whose size is not
+/// known ahead), and how to word it.
+#[derive(Clone, Copy, Debug)]
+struct Cap {
+    bytes: u64,
+    /// The compressed size when the ratio decided it.
+    ratio_of: Option<u64>,
+    user_set: bool,
+}
+
+impl Cap {
+    fn for_input(compressed: Option<u64>) -> Cap {
+        let user = MAX_DECOMPRESSED.load(std::sync::atomic::Ordering::Relaxed);
+        if user > 0 {
+            return Cap {
+                bytes: user,
+                ratio_of: None,
+                user_set: true,
+            };
+        }
+        let absolute = absolute_default();
+        match compressed {
+            Some(c) => {
+                let by_ratio = c.saturating_mul(DEFAULT_MAX_RATIO).max(RATIO_FLOOR);
+                Cap {
+                    bytes: by_ratio.min(absolute),
+                    ratio_of: (by_ratio < absolute).then_some(c),
+                    user_set: false,
+                }
+            }
+            None => Cap {
+                bytes: absolute,
+                ratio_of: None,
+                user_set: false,
+            },
+        }
+    }
+
+    /// The message for an input that went past the cap.
+    fn exceeded(&self, what: &str) -> String {
+        let size = crate::units::format_bytes(self.bytes);
+        let why = match (self.user_set, self.ratio_of) {
+            (true, _) => "the cap set by --max-decompressed".to_owned(),
+            (false, Some(c)) => format!(
+                "the default cap for a compressed input: {DEFAULT_MAX_RATIO}x its {}, at least {}",
+                crate::units::format_bytes(c),
+                crate::units::format_bytes(RATIO_FLOOR)
+            ),
+            (false, None) => {
+                "the default cap: a quarter of this machine's memory, at most 16 GiB".to_owned()
+            }
+        };
+        format!(
+            "{what} more than {size} ({why}); stopped there. If this is a real snapshot, raise \
+             the cap with --max-decompressed SIZE (e.g. --max-decompressed 64GiB)"
+        )
+    }
+}
+
+/// A quarter of the physical memory, at most [`ABSOLUTE_CEILING`].
+fn absolute_default() -> u64 {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: sysconf only reads system constants.
+        let (pages, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        if pages > 0 && page > 0 {
+            return ((pages as u64).saturating_mul(page as u64) / 4).min(ABSOLUTE_CEILING);
+        }
+    }
+    ABSOLUTE_CEILING
+}
+
+/// A reader that gives at most `left` bytes and then, if the inner reader has more, fails and
+/// sets `over`: the decompressor never writes beyond the cap.
+struct Capped<'a, R> {
+    inner: R,
+    left: u64,
+    over: &'a std::cell::Cell<bool>,
+}
+
+impl<R: Read> Read for Capped<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            let mut probe = [0u8; 1];
+            return match self.inner.read(&mut probe)? {
+                0 => Ok(0),
+                _ => {
+                    self.over.set(true);
+                    Err(std::io::Error::other("over the decompressed-size cap"))
+                }
+            };
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 /// The decompressed size a zstd frame header states, or a gzip trailer (its size modulo 2^32,
 /// exact below 4 GiB); 0 when there is none.
 fn stated_size(src: &[u8]) -> usize {
@@ -336,39 +485,37 @@ pub fn read_input_salvage(
         path: name.clone(),
         error,
     };
+    let format_err = |message: String| InputError::Format {
+        path: name.clone(),
+        message,
+    };
     let raw = if path.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        progress.phase("reading", None);
-        Counting {
-            inner: std::io::stdin().lock(),
-            count: 0,
-            next: 0,
-            progress: &mut *progress,
-            decoded: None,
-        }
-        .read_to_end(&mut buf)
-        .map_err(io_err)?;
-        InputBytes::Owned(buf)
+        read_stdin(progress).map_err(|e| match e {
+            StdinError::Io(e) => io_err(e),
+            StdinError::Refused(m) => format_err(m),
+        })?
     } else {
-        let file = std::fs::File::open(path).map_err(io_err)?;
+        let file = open_regular(path).map_err(|e| match e {
+            OpenError::Io(e) => io_err(e),
+            OpenError::NotRegular(m) => format_err(m),
+        })?;
         let meta = file.metadata().map_err(io_err)?;
-        if meta.is_dir() {
-            return Err(InputError::Format {
-                path: name,
-                message: "is a directory, not a snapshot file".into(),
-            });
-        }
         if meta.len() == 0 {
             InputBytes::Owned(Vec::new())
         } else {
-            // SAFETY: the map is read-only; a file truncated underneath us by another process
-            // is the usual mmap caveat, accepted by every mmap-based reader.
+            // SAFETY: the map is read-only. A file truncated underneath us by another process
+            // (a snapshot still being written) would fault on the lost pages: the SIGBUS
+            // handler (`crate::guard`) then ends the process with a message and exit 2.
             match unsafe { memmap2::Mmap::map(&file) } {
-                Ok(m) => InputBytes::Mapped(m, file),
+                Ok(m) => {
+                    crate::guard::note_mapped(&name);
+                    InputBytes::Mapped(m, file)
+                }
                 Err(_) => {
                     let mut buf = Vec::new();
-                    std::fs::File::open(path)
-                        .and_then(|mut f| f.read_to_end(&mut buf))
+                    (&file)
+                        .take(meta.len())
+                        .read_to_end(&mut buf)
                         .map_err(io_err)?;
                     InputBytes::Owned(buf)
                 }
@@ -377,97 +524,279 @@ pub fn read_input_salvage(
     };
     progress.note_size(raw.len() as u64);
     let decoded = std::cell::Cell::new(0u64);
-    for (magic, compression, what) in [
-        (GZIP_MAGIC, Compression::Gzip, "gzip"),
-        (ZSTD_MAGIC, Compression::Zstd, "zstd"),
-    ] {
-        if !raw.starts_with(magic) {
-            continue;
-        }
-        let result = match compression {
-            Compression::Gzip => decompress(
-                |r| Ok(flate2::read::MultiGzDecoder::new(r)),
+    let compression = if raw.starts_with(GZIP_MAGIC) {
+        Compression::Gzip
+    } else if raw.starts_with(ZSTD_MAGIC) || is_zstd_skippable(&raw) {
+        Compression::Zstd
+    } else {
+        return Ok((raw, Compression::None, None));
+    };
+    let what = match compression {
+        Compression::Gzip => "gzip",
+        _ => "zstd",
+    };
+    let cap = Cap::for_input(Some(raw.len() as u64));
+    let over = std::cell::Cell::new(false);
+    // Bytes after the last gzip member that start no other member (tar padding, a log line):
+    // ignored, as `gzip -d` ignores them, and said.
+    let trailing = std::cell::Cell::new(0u64);
+    let result = match compression {
+        Compression::Gzip => decompress(
+            |r| Ok(GzMembers::new(r, &trailing)),
+            &raw,
+            progress,
+            &decoded,
+            cap.bytes,
+            &over,
+        ),
+        _ => match zstd_at_once(&raw, progress, cap.bytes) {
+            Some(out) => Ok(out),
+            None => decompress(
+                |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
                 &raw,
                 progress,
                 &decoded,
+                cap.bytes,
+                &over,
             ),
-            _ => match zstd_at_once(&raw, progress) {
-                Some(out) => Ok(out),
-                None => decompress(
-                    |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
-                    &raw,
-                    progress,
-                    &decoded,
-                ),
-            },
-        };
-        let (out, cut) = match result {
-            Ok(out) => (out, None),
-            // A zstd decoder keeps its last window (up to megabytes) until the frame ends, so
-            // a cut frame is closed after its last complete block and decoded again.
-            Err((e, partial)) if salvage && compression == Compression::Zstd => {
-                let closed = zstd_complete_blocks(&raw).and_then(|frame| {
-                    let cell = std::cell::Cell::new(0u64);
-                    let mut hidden = Loading::hidden();
-                    decompress(
-                        |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
-                        &frame,
-                        &mut hidden,
-                        &cell,
-                    )
-                    .ok()
-                });
-                match closed {
-                    Some(out) if out.len() > partial.len() => {
-                        let note = format!(
-                            "the zstd stream breaks off ({e}): decompressed the {} bytes of its \
-                             complete blocks",
-                            out.len()
-                        );
-                        (out, Some(note))
-                    }
-                    _ if !partial.is_empty() => {
-                        let note = format!(
-                            "the zstd stream breaks off ({e}): decompressed the {} bytes that \
-                             arrived",
-                            partial.len()
-                        );
-                        (partial, Some(note))
-                    }
-                    _ => {
-                        return Err(InputError::Format {
-                            path: name.clone(),
-                            message: format!("zstd data is corrupt: {e}"),
-                        })
-                    }
-                }
-            }
-            Err((e, partial)) if salvage && !partial.is_empty() => {
-                let note = format!(
-                    "the {what} stream breaks off ({e}): decompressed the {} bytes that arrived",
-                    partial.len()
-                );
-                (partial, Some(note))
-            }
-            Err((e, _)) => {
-                return Err(InputError::Format {
-                    path: name.clone(),
-                    message: if salvage {
-                        format!("{what} data is corrupt: {e}")
-                    } else {
-                        // A cut download or a job killed while writing: say what recovers it.
-                        format!(
-                            "{what} data is corrupt: {e}; if the file was cut short, try --salvage"
-                        )
-                    },
-                });
-            }
-        };
-        // The phases after this one work on the decompressed bytes.
-        progress.note_size(out.len() as u64);
-        return Ok((InputBytes::Owned(out), compression, cut));
+        },
+    };
+    if over.get() {
+        return Err(format_err(
+            cap.exceeded(&format!("the {what} data decompresses to")),
+        ));
     }
-    Ok((raw, Compression::None, None))
+    let (out, note) = match result {
+        Ok(out) => (out, None),
+        // A zstd decoder keeps its last window (up to megabytes) until the frame ends, so
+        // a cut frame is closed after its last complete block and decoded again.
+        Err((e, partial)) if salvage && compression == Compression::Zstd => {
+            let closed = zstd_complete_blocks(&raw).and_then(|frame| {
+                let cell = std::cell::Cell::new(0u64);
+                let mut hidden = Loading::hidden();
+                let over = std::cell::Cell::new(false);
+                decompress(
+                    |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
+                    &frame,
+                    &mut hidden,
+                    &cell,
+                    cap.bytes,
+                    &over,
+                )
+                .ok()
+            });
+            match closed {
+                Some(out) if out.len() > partial.len() => {
+                    let note = format!(
+                        "the zstd stream breaks off ({e}): decompressed the {} bytes of its \
+                         complete blocks",
+                        out.len()
+                    );
+                    (out, Some(note))
+                }
+                _ if !partial.is_empty() => {
+                    let note = format!(
+                        "the zstd stream breaks off ({e}): decompressed the {} bytes that \
+                         arrived",
+                        partial.len()
+                    );
+                    (partial, Some(note))
+                }
+                _ => return Err(format_err(format!("zstd data is corrupt: {e}"))),
+            }
+        }
+        Err((e, partial)) if salvage && !partial.is_empty() => {
+            let note = format!(
+                "the {what} stream breaks off ({e}): decompressed the {} bytes that arrived",
+                partial.len()
+            );
+            (partial, Some(note))
+        }
+        Err((e, _)) => {
+            return Err(format_err(if salvage {
+                format!("{what} data is corrupt: {e}")
+            } else {
+                // A cut download or a job killed while writing: say what recovers it.
+                format!("{what} data is corrupt: {e}; if the file was cut short, try --salvage")
+            }));
+        }
+    };
+    if trailing.get() > 0 {
+        eprintln!(
+            "snapscan: warning: {}: {} bytes after the end of the gzip data were ignored (as gzip -d ignores them)",
+            crate::render::safe::term(&name),
+            trailing.get()
+        );
+    }
+    // The phases after this one work on the decompressed bytes.
+    progress.note_size(out.len() as u64);
+    Ok((InputBytes::Owned(out), compression, note))
+}
+
+enum OpenError {
+    Io(std::io::Error),
+    NotRegular(String),
+}
+
+/// Opens a snapshot file for reading, refusing anything but a regular file: a FIFO (one in a
+/// tar artifact named `rank0.pickle`, say) would block `open` forever, a device such as
+/// `/dev/zero` never ends. Opened without blocking, then looked at.
+fn open_regular(path: &Path) -> Result<std::fs::File, OpenError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(OpenError::Io)?;
+    let meta = file.metadata().map_err(OpenError::Io)?;
+    if meta.is_file() {
+        return Ok(file);
+    }
+    Err(OpenError::NotRegular(format!(
+        "is {}, not a regular file: snapscan reads snapshot files (or stdin, given as -)",
+        file_kind(&meta)
+    )))
+}
+
+/// "a directory", "a FIFO (named pipe)", … for a message.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    if meta.is_dir() {
+        return "a directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if t.is_char_device() {
+            return "a character device";
+        }
+        if t.is_block_device() {
+            return "a block device";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+    }
+    "not a regular file"
+}
+
+enum StdinError {
+    Io(std::io::Error),
+    Refused(String),
+}
+
+/// Reads stdin whole, within the absolute cap (see [`Cap`]). Its first bytes must look like a
+/// snapshot (pickle, JSON, gzip or zstd): `report - < /dev/zero` is refused at once instead of
+/// read until the cap.
+fn read_stdin(progress: &mut Loading) -> Result<InputBytes, StdinError> {
+    let cap = Cap::for_input(None);
+    progress.phase("reading", None);
+    let mut reader = Counting {
+        inner: std::io::stdin().lock(),
+        count: 0,
+        next: 0,
+        progress: &mut *progress,
+        decoded: None,
+    };
+    let mut buf = Vec::new();
+    (&mut reader)
+        .take(64 << 10)
+        .read_to_end(&mut buf)
+        .map_err(StdinError::Io)?;
+    if !buf.is_empty() && !could_be_snapshot(&buf) {
+        return Err(StdinError::Refused(format!(
+            "not a memory snapshot: expected a pickle (first byte 0x80), JSON, gzip or zstd, \
+             found first byte 0x{:02x}",
+            buf[0]
+        )));
+    }
+    let limit = cap.bytes.saturating_add(1);
+    (&mut reader)
+        .take(limit.saturating_sub(buf.len() as u64))
+        .read_to_end(&mut buf)
+        .map_err(StdinError::Io)?;
+    if buf.len() as u64 > cap.bytes {
+        return Err(StdinError::Refused(cap.exceeded("stdin holds")));
+    }
+    Ok(InputBytes::Owned(buf))
+}
+
+/// Whether the first bytes of an input could start a snapshot in any form this reads.
+fn could_be_snapshot(head: &[u8]) -> bool {
+    let first_text = head.iter().copied().find(|b| !b.is_ascii_whitespace());
+    head.starts_with(GZIP_MAGIC)
+        || head.starts_with(ZSTD_MAGIC)
+        || is_zstd_skippable(head)
+        || matches!(
+            head[0],
+            pickle::opcodes::PROTO
+                | pickle::opcodes::EMPTY_DICT
+                | pickle::opcodes::EMPTY_LIST
+                | pickle::opcodes::MARK
+        )
+        || matches!(first_text, Some(b'{' | b'['))
+        // Only whitespace so far: the rest decides.
+        || first_text.is_none()
+}
+
+/// A zstd skippable frame (magic 0x184D2A50-5F) at the start: `zstd -d` skips it, and so does
+/// the zstd decoder.
+fn is_zstd_skippable(src: &[u8]) -> bool {
+    src.len() >= 8 && src[0] & 0xf0 == 0x50 && src[1..4] == [0x2a, 0x4d, 0x18]
+}
+
+/// gzip members one after another, as `gzip -d` reads them. Bytes after a member that do not
+/// start another one end the stream; how many there were goes to `trailing`.
+struct GzMembers<'a, R: std::io::BufRead> {
+    member: Option<flate2::bufread::GzDecoder<R>>,
+    trailing: &'a std::cell::Cell<u64>,
+}
+
+impl<'a, R: std::io::BufRead> GzMembers<'a, R> {
+    fn new(inner: R, trailing: &'a std::cell::Cell<u64>) -> Self {
+        GzMembers {
+            member: Some(flate2::bufread::GzDecoder::new(inner)),
+            trailing,
+        }
+    }
+}
+
+impl<R: std::io::BufRead> Read for GzMembers<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(member) = self.member.as_mut() else {
+                return Ok(0);
+            };
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut rest = self.member.take().expect("a member").into_inner();
+            let mut left = 0u64;
+            loop {
+                let avail = rest.fill_buf()?;
+                if avail.is_empty() {
+                    break;
+                }
+                if left == 0 && avail.starts_with(GZIP_MAGIC) {
+                    self.member = Some(flate2::bufread::GzDecoder::new(rest));
+                    break;
+                }
+                left += avail.len() as u64;
+                let len = avail.len();
+                rest.consume(len);
+            }
+            if self.member.is_none() {
+                self.trailing.set(left);
+                return Ok(0);
+            }
+        }
+    }
 }
 
 /// The first zstd frame of `src` cut after its last complete block, that block marked as the
@@ -680,6 +1009,8 @@ mod tests {
             src,
             &mut Loading::hidden(),
             &std::cell::Cell::new(0),
+            u64::MAX,
+            &std::cell::Cell::new(false),
         )
     }
 
@@ -704,10 +1035,12 @@ mod tests {
         std::io::Write::write_all(&mut gz, &plain).unwrap();
         let gz = gz.finish().unwrap();
         let back = decompress(
-            |r| Ok(flate2::read::MultiGzDecoder::new(r)),
+            |r| Ok(GzMembers::new(r, &std::cell::Cell::new(0))),
             &gz,
             &mut Loading::hidden(),
             &std::cell::Cell::new(0),
+            u64::MAX,
+            &std::cell::Cell::new(false),
         )
         .unwrap();
         assert!(back == plain);
@@ -720,20 +1053,20 @@ mod tests {
     fn a_sized_zstd_frame_decodes_in_one_call_and_anything_else_streams() {
         let plain = big_input();
         let zst = zstd::bulk::compress(&plain, 1).unwrap();
-        let once = zstd_at_once(&zst, &mut Loading::hidden());
+        let once = zstd_at_once(&zst, &mut Loading::hidden(), u64::MAX);
         assert!(once.as_ref() == Some(&plain), "one call");
 
         let mut two = zstd::bulk::compress(&plain[..1000], 1).unwrap();
         two.extend(zstd::bulk::compress(&plain[1000..], 1).unwrap());
-        assert!(zstd_at_once(&two, &mut Loading::hidden()).is_none());
+        assert!(zstd_at_once(&two, &mut Loading::hidden(), u64::MAX).is_none());
         assert!(zstd_of(&two).unwrap() == plain);
 
         let mut corrupt = zst.clone();
         let mid = corrupt.len() / 2;
         corrupt[mid..mid + 64].fill(0xa5);
-        assert!(zstd_at_once(&corrupt, &mut Loading::hidden()).is_none());
+        assert!(zstd_at_once(&corrupt, &mut Loading::hidden(), u64::MAX).is_none());
         assert!(zstd_of(&corrupt).is_err());
 
-        assert!(zstd_at_once(&zst[..zst.len() - 10], &mut Loading::hidden()).is_none());
+        assert!(zstd_at_once(&zst[..zst.len() - 10], &mut Loading::hidden(), u64::MAX).is_none());
     }
 }

@@ -7,6 +7,7 @@
 pub mod analysis;
 pub mod cli;
 pub mod explain;
+pub mod guard;
 pub mod input;
 pub mod pickle;
 pub mod progress;

@@ -574,22 +574,26 @@ fn phase_from_metadata(text: &str) -> Option<Phase> {
 /// `Optimizer.zero_grad#…`), sorted, each with whether it is a step. Other annotations (the
 /// DataLoader's `enumerate(DataLoader)#…`) say nothing about the phase.
 fn annotated_ranges(snapshot: &Snapshot, device: i64) -> Vec<(i64, i64, bool)> {
-    let mut open: Vec<(String, i64)> = Vec::new();
+    // The open STARTs of each name, innermost last (a map: a file of many names that never
+    // END must not be searched once per annotation).
+    let mut open: rustc_hash::FxHashMap<crate::snapshot::TextId, Vec<i64>> =
+        rustc_hash::FxHashMap::default();
     let mut ranges = Vec::new();
+    let texts = &snapshot.interner;
     for a in &snapshot.annotations {
         if a.device.is_some_and(|d| d != device) {
             continue;
         }
         let Some(t) = a.time_us else { continue };
-        if !a.name.starts_with("Optimizer.") {
+        let name = texts.get_text(a.name);
+        if !name.starts_with("Optimizer.") {
             continue;
         }
-        match a.stage.as_str() {
-            "START" => open.push((a.name.clone(), t)),
+        match texts.get_text(a.stage) {
+            "START" => open.entry(a.name).or_default().push(t),
             "END" => {
-                if let Some(pos) = open.iter().rposition(|(n, _)| *n == a.name) {
-                    let (_, start) = open.remove(pos);
-                    ranges.push((start, t, a.name.starts_with("Optimizer.step")));
+                if let Some(start) = open.get_mut(&a.name).and_then(Vec::pop) {
+                    ranges.push((start, t, name.starts_with("Optimizer.step")));
                 }
             }
             _ => {}

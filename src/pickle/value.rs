@@ -203,18 +203,31 @@ impl Document {
         self.to_json_limited(value, max_depth, &mut budget)
     }
 
-    /// [`to_json`](Self::to_json) making at most `budget` values (shared containers count
-    /// once per reference); `None` with `*budget == 0` when that is not enough.
+    /// [`to_json`](Self::to_json) within `budget` bytes of JSON values (each node counts its
+    /// size, texts and bytes their length, once per reference to a shared container); `None`
+    /// with `*budget == 0` when that is not enough.
     pub fn to_json_limited(
         &self,
         value: Value,
         max_depth: usize,
         budget: &mut usize,
     ) -> Option<serde_json::Value> {
-        if max_depth == 0 || *budget == 0 {
+        // Charged by the bytes the JSON value takes: a node, plus its text or its bytes (one
+        // node each), so a long string shared by many references costs each copy.
+        const NODE: usize = std::mem::size_of::<serde_json::Value>();
+        let cost = NODE.saturating_add(match value {
+            Value::Str(id) => self.str(id).len(),
+            Value::Bytes(i) => self.bytes[i as usize].len().saturating_mul(NODE),
+            _ => 0,
+        });
+        if max_depth == 0 {
             return None;
         }
-        *budget -= 1;
+        if *budget < cost {
+            *budget = 0;
+            return None;
+        }
+        *budget -= cost;
         Some(match value {
             Value::None => serde_json::Value::Null,
             Value::Bool(b) => serde_json::Value::Bool(b),
@@ -247,7 +260,15 @@ impl Document {
                 let mut out = serde_json::Map::new();
                 for (k, v) in self.dict(id) {
                     let key = match k {
-                        Value::Str(s) => self.str(*s).to_owned(),
+                        Value::Str(s) => {
+                            let key = self.str(*s);
+                            if *budget < key.len() {
+                                *budget = 0;
+                                return None;
+                            }
+                            *budget -= key.len();
+                            key.to_owned()
+                        }
                         other => self
                             .to_json_limited(*other, max_depth - 1, budget)?
                             .to_string(),

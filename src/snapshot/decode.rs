@@ -8,8 +8,10 @@ use super::model::*;
 use super::trace::{Part, Trace};
 use crate::pickle::{DictId, Document, SeqId, StrId, Value};
 
-/// `allocator_settings` is a dict of a dozen values; far more once expanded is a memo bomb.
-const MAX_SETTINGS_VALUES: usize = 100_000;
+/// `allocator_settings` is a dict of a dozen values (a few hundred bytes as JSON); far more
+/// once shared references are expanded is a memo bomb. Counted in bytes of the JSON kept
+/// (see `Document::to_json_limited`).
+const MAX_SETTINGS_BYTES: usize = 4 << 20;
 
 /// A schema error: where in the document, and what was wrong.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -551,15 +553,16 @@ impl<'d> Decoder<'d> {
         };
         // Kept whole as JSON, within a budget: shared lists nested in it could expand without
         // end ("billion laughs").
-        let mut budget = MAX_SETTINGS_VALUES;
+        let mut budget = MAX_SETTINGS_BYTES;
         let raw = match self.doc.to_json_limited(v, 16, &mut budget) {
             Some(json) => json,
             None if budget == 0 => {
                 return Err(schema(
                     "allocator_settings",
                     format!(
-                        "more than {MAX_SETTINGS_VALUES} values once shared references are \
-                         expanded (a memo bomb, not allocator settings)"
+                        "more than {} once shared references are expanded (a memo bomb, not \
+                         allocator settings)",
+                        crate::units::format_bytes(MAX_SETTINGS_BYTES as u64)
                     ),
                 ))
             }
@@ -580,11 +583,12 @@ impl<'d> Decoder<'d> {
         path: &dyn Fn() -> String,
     ) -> Result<Annotation, SchemaError> {
         let dict = self.as_dict(v, path)?;
-        let text = |this: &Self, key: Option<StrId>| -> String {
-            this.get(dict, key)
-                .and_then(|v| this.doc.as_str(v))
-                .unwrap_or("")
-                .to_owned()
+        // Interned, not copied: one long name shared by every annotation stays one string.
+        let text = |this: &mut Self, key: Option<StrId>| -> TextId {
+            match this.get(dict, key) {
+                Some(Value::Str(id)) => this.text(id),
+                _ => this.interner.text(""),
+            }
         };
         let name = text(self, self.keys.name);
         let stage = text(self, self.keys.stage);
@@ -647,11 +651,13 @@ pub(crate) fn decode_parts(
                     d.keys.allocator_settings,
                     d.keys.external_annotations,
                 ];
+                // Each key once: a dict may list one long key again and again.
+                let mut seen = rustc_hash::FxHashSet::default();
                 let other: Vec<String> = doc
                     .dict(top)
                     .iter()
                     .filter_map(|(k, _)| match k {
-                        Value::Str(id) if !known.contains(&Some(*id)) => {
+                        Value::Str(id) if !known.contains(&Some(*id)) && seen.insert(*id) => {
                             Some(doc.str(*id).to_owned())
                         }
                         _ => None,

@@ -164,10 +164,11 @@ pub struct TraceEntry {
     pub compile_context: Option<TextId>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct Annotation {
-    pub name: String,
-    pub stage: String,
+    /// Interned (see [`Snapshot::interner`]): annotations share their few names.
+    pub name: TextId,
+    pub stage: TextId,
     pub device: Option<i64>,
     pub time_us: Option<i64>,
 }

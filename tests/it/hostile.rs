@@ -55,6 +55,12 @@ fn scratch_file(name: &str, bytes: &[u8]) -> PathBuf {
 
 #[cfg(unix)]
 fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
+    run_limited_in(args, MAX_ADDRESS_SPACE, None)
+}
+
+/// [`run_limited`] with another address-space limit, and stdin from a file.
+#[cfg(unix)]
+fn run_limited_in(args: &[&std::ffi::OsStr], address_space: u64, stdin: Option<&Path>) -> Run {
     use std::os::unix::process::CommandExt;
 
     let dir = scratch_dir();
@@ -67,8 +73,12 @@ fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
     let out = std::fs::File::create(&out_path).expect("stdout file");
     let err = std::fs::File::create(&err_path).expect("stderr file");
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"));
+    let input = match stdin {
+        Some(p) => std::process::Stdio::from(std::fs::File::open(p).expect("stdin file")),
+        None => std::process::Stdio::null(),
+    };
     cmd.args(args)
-        .stdin(std::process::Stdio::null())
+        .stdin(input)
         .stdout(out)
         .stderr(err)
         // Few threads and one malloc arena (glibc reserves 64 MiB of address space per extra
@@ -77,7 +87,7 @@ fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
         .env("MALLOC_ARENA_MAX", "1");
     // SAFETY: only async-signal-safe calls (setrlimit) between fork and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             let limit = |resource, value: libc::rlim_t| {
                 let l = libc::rlimit {
                     rlim_cur: value,
@@ -88,7 +98,7 @@ fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
                 }
                 Ok(())
             };
-            limit(libc::RLIMIT_AS, MAX_ADDRESS_SPACE as libc::rlim_t)?;
+            limit(libc::RLIMIT_AS, address_space as libc::rlim_t)?;
             limit(libc::RLIMIT_CPU, 30)?;
             limit(libc::RLIMIT_CORE, 0)?;
             Ok(())
@@ -142,6 +152,11 @@ fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
     let _ = std::fs::remove_file(out_path);
     let _ = std::fs::remove_file(err_path);
     run
+}
+
+#[cfg(not(unix))]
+fn run_limited_in(args: &[&std::ffi::OsStr], _: u64, _: Option<&Path>) -> Run {
+    run_limited(args)
 }
 
 #[cfg(not(unix))]
@@ -531,6 +546,337 @@ fn memo_indices_far_apart_do_not_allocate_the_gaps() {
         &data,
         &["expected a dict with `segments`", "found int"],
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2b. Byte budgets. The rule for the whole process: on any input, its memory stays within
+//     256 MiB plus the size of the pickle after decompression, which is itself capped; a
+//     failed allocation is an error (exit 2), never an abort. Checked under an address-space
+//     limit of that size (which bounds the resident memory too).
+
+/// What a small compressed input may decompress to by default.
+const DECOMPRESSED_CAP: u64 = snapscan::input::RATIO_FLOOR;
+
+/// The memory rule for an input that decompresses to `decompressed` bytes.
+fn memory_rule(decompressed: u64) -> u64 {
+    MAX_ADDRESS_SPACE + decompressed
+}
+
+/// `report FILE` on `bytes` within `address_space`, which must fail with exit 2 naming the
+/// file and every needle.
+fn expect_error_within(name: &str, bytes: &[u8], address_space: u64, needles: &[&str]) -> Run {
+    let path = scratch_file(name, bytes);
+    let run = run_limited_in(&["report".as_ref(), path.as_os_str()], address_space, None);
+    let _ = std::fs::remove_file(&path);
+    check_error(name, &run, needles);
+    run
+}
+
+/// A pickle whose one BINBYTES8 claims 24 GiB, followed by `zeros` zero bytes of it, written
+/// into `w` a MiB at a time (the test never holds the whole of it).
+fn zeros_after_binbytes8(w: &mut impl std::io::Write, zeros: u64) {
+    w.write_all(&cat(&[PROTO4, &[0x8e], &(24u64 << 30).to_le_bytes()]))
+        .unwrap();
+    let piece = vec![0u8; 1 << 20];
+    for _ in 0..zeros >> 20 {
+        w.write_all(&piece).unwrap();
+    }
+}
+
+const OVER_THE_CAP: u64 = DECOMPRESSED_CAP + (64 << 20);
+
+/// Found by an attack on the release build: a 98 KB `.zst` of one BINBYTES8 took 24 GB before
+/// the kernel killed it. Its frame states its size; the cap refuses it before decoding.
+#[test]
+fn zstd_bomb_stating_its_size_stops_at_the_cap() {
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    enc.set_pledged_src_size(Some(11 + OVER_THE_CAP)).unwrap();
+    zeros_after_binbytes8(&mut enc, OVER_THE_CAP);
+    let zst = enc.finish().unwrap();
+    assert!(zst.len() < 200_000, "{}", zst.len());
+    let run = expect_error_within(
+        "bomb-sized.zst",
+        &zst,
+        memory_rule(DECOMPRESSED_CAP),
+        &[
+            "zstd data decompresses to more than 256.0MiB",
+            "--max-decompressed",
+        ],
+    );
+    assert!(run.wall < Duration::from_secs(5), "{run:?}");
+}
+
+/// Found by the same attack: zero blocks in a frame without a content size aborted at a 4 GiB
+/// allocation. The stream is cut at the cap.
+#[test]
+fn zstd_bomb_without_a_content_size_stops_at_the_cap() {
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+    enc.include_contentsize(false).unwrap();
+    zeros_after_binbytes8(&mut enc, OVER_THE_CAP);
+    let zst = enc.finish().unwrap();
+    assert!(zstd::zstd_safe::get_frame_content_size(&zst)
+        .unwrap()
+        .is_none());
+    expect_error_within(
+        "bomb-unsized.zst",
+        &zst,
+        memory_rule(DECOMPRESSED_CAP),
+        &[
+            "zstd data decompresses to more than",
+            "--max-decompressed 64GiB",
+        ],
+    );
+}
+
+/// Found by the same attack: a 10 MB `.gz` of 160 concatenated members aborted at a 4 GiB
+/// allocation (each member's trailer states a small size).
+#[test]
+fn gzip_of_many_members_stops_at_the_cap() {
+    let mut gz = Vec::new();
+    let members = 160u64;
+    for m in 0..members {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        if m == 0 {
+            zeros_after_binbytes8(&mut enc, OVER_THE_CAP / members);
+        } else {
+            std::io::Write::write_all(&mut enc, &vec![0u8; (OVER_THE_CAP / members) as usize])
+                .unwrap();
+        }
+        gz.extend(enc.finish().unwrap());
+    }
+    expect_error_within(
+        "bomb-members.gz",
+        &gz,
+        memory_rule(DECOMPRESSED_CAP),
+        &["gzip data decompresses to more than", "--max-decompressed"],
+    );
+}
+
+/// `report - < /dev/zero` grew to 8.4 GB: stdin that starts like no snapshot is refused at
+/// its first bytes, and stdin that does is read only up to the cap.
+#[test]
+#[cfg(unix)]
+fn stdin_is_read_within_the_cap() {
+    let run = run_limited_in(
+        &["report".as_ref(), "-".as_ref()],
+        MAX_ADDRESS_SPACE,
+        Some(Path::new("/dev/zero")),
+    );
+    check_error(
+        "<stdin>",
+        &run,
+        &["not a memory snapshot", "first byte 0x00"],
+    );
+
+    let path = scratch_dir().join("stdin-endless.pickle");
+    zeros_after_binbytes8(&mut std::fs::File::create(&path).unwrap(), 64 << 20);
+    let run = run_limited_in(
+        &[
+            "report".as_ref(),
+            "--max-decompressed".as_ref(),
+            "16MiB".as_ref(),
+            "-".as_ref(),
+        ],
+        memory_rule(16 << 20),
+        Some(&path),
+    );
+    let _ = std::fs::remove_file(&path);
+    check_error(
+        "<stdin>",
+        &run,
+        &[
+            "stdin holds more than 16.0MiB",
+            "the cap set by --max-decompressed",
+        ],
+    );
+}
+
+/// A pickle whose `key` holds `value`, a `stored` value memoized first (memo 0).
+fn with_shared(stored: &[u8], top: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut data = PROTO4.to_vec();
+    data.extend_from_slice(stored);
+    data.push(MEMOIZE);
+    data.push(b'0');
+    let mut items = vec![
+        ("segments", b"]".to_vec()),
+        ("device_traces", b"]".to_vec()),
+    ];
+    items.extend(top.iter().cloned());
+    data.extend(dict(&items));
+    data.push(b'.');
+    data
+}
+
+/// Found by an attack on the release build: one annotation with a 100 KB name, referenced
+/// 100 000 times from 600 KB of input, asked for 10 GB. The name is interned, not copied.
+#[test]
+fn memo_bomb_long_annotation_name_is_shared() {
+    for (name, data) in [
+        // The whole annotation dict shared.
+        (
+            "memo-annotation.pickle",
+            with_shared(
+                &dict(&[
+                    ("name", text(&"x".repeat(100_000))),
+                    ("stage", text("START")),
+                ]),
+                &[("external_annotations", list(&repeat(&get(0), 100_000)))],
+            ),
+        ),
+        // Only its name shared, by 60 000 dicts.
+        (
+            "memo-annotation-name.pickle",
+            with_shared(
+                &text(&"y".repeat(100_000)),
+                &[(
+                    "external_annotations",
+                    list(&repeat(
+                        &dict(&[("name", get(0)), ("stage", text("START"))]),
+                        60_000,
+                    )),
+                )],
+            ),
+        ),
+    ] {
+        let path = scratch_file(name, &data);
+        let run = run_limited(&["report".as_ref(), path.as_os_str()]);
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(run.code, Some(0), "{name}: {run:?}");
+        assert!(run.cpu < MAX_CPU, "{name}: {run:?}");
+    }
+}
+
+/// Found by an attack on the release build: `allocator_settings`' budget counted values, not
+/// bytes, so a 100 KB string referenced 60 000 times, or a 1 MiB bytes value referenced 2 000
+/// times, aborted at 3.9 GB. Every copy is charged by its length.
+#[test]
+fn memo_bomb_long_values_in_allocator_settings_are_charged_by_bytes() {
+    let long_bytes = cat(&[&[b'B'], &(1u32 << 20).to_le_bytes(), &vec![0u8; 1 << 20]]);
+    for (name, stored, refs) in [
+        (
+            "memo-settings-text.pickle",
+            text(&"z".repeat(100_000)),
+            60_000,
+        ),
+        ("memo-settings-bytes.pickle", long_bytes, 2_000),
+    ] {
+        let data = with_shared(
+            &stored,
+            &[(
+                "allocator_settings",
+                dict(&[("x", list(&repeat(&get(0), refs)))]),
+            )],
+        );
+        expect_error(
+            name,
+            &data,
+            &["allocator_settings: more than 4.0MiB", "memo bomb"],
+        );
+    }
+}
+
+/// Found by these tests: a top-level dict listing one 100 KB key 100 000 times copied the key
+/// each time into the snapshot's list of other keys (10 GB).
+#[test]
+fn memo_bomb_repeated_top_level_key_is_kept_once() {
+    let mut data = PROTO4.to_vec();
+    data.extend(text(&"k".repeat(100_000)));
+    data.extend_from_slice(&[MEMOIZE, b'0', b'}', b'(']);
+    data.extend(cat(&[
+        &text("segments"),
+        b"]",
+        &text("device_traces"),
+        b"]",
+    ]));
+    data.extend(repeat(&cat(&[&get(0), b"N"]), 100_000));
+    data.extend_from_slice(b"u.");
+    let path = scratch_file("memo-top-key.pickle", &data);
+    let run = run_limited(&["report".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(run.code, Some(0), "{run:?}");
+}
+
+/// Whatever the budgets miss, a failed allocation ends the process with a message and exit
+/// 2, never an abort (134): a real snapshot under an address-space limit far too small.
+#[test]
+#[cfg(unix)]
+fn a_failed_allocation_is_an_error_not_an_abort() {
+    let fixture = common::fixture("real/notHanmin__assignment2-systems__memory_snapshot.pickle");
+    let mut failed = 0;
+    for mib in [24u64, 32, 40, 48, 64] {
+        let run = run_limited_in(&["report".as_ref(), fixture.as_os_str()], mib << 20, None);
+        assert_eq!(run.signal, None, "{mib} MiB: {run:?}");
+        match run.code {
+            Some(0) => {}
+            Some(2) => {
+                assert!(
+                    run.stderr.contains("snapscan: error: out of memory"),
+                    "{mib} MiB: {run:?}"
+                );
+                failed += 1;
+            }
+            _ => panic!("{mib} MiB: {run:?}"),
+        }
+    }
+    assert!(failed > 0, "no limit was small enough to fail");
+}
+
+/// A FIFO (a tar artifact can carry one named `rank0.pickle`) blocked forever in `open`, and
+/// `/dev/zero` was "the file is empty": anything but a regular file is refused, by its kind.
+#[test]
+#[cfg(unix)]
+fn only_regular_files_are_read() {
+    let fifo = scratch_dir().join("rank0.pickle");
+    let _ = std::fs::remove_file(&fifo);
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let run = run_limited(&["report".as_ref(), fifo.as_os_str()]);
+    check_error(
+        "rank0.pickle",
+        &run,
+        &["is a FIFO (named pipe), not a regular file"],
+    );
+    let pattern = scratch_dir().join("rank*.pickle");
+    let run = run_limited(&["report".as_ref(), pattern.as_os_str()]);
+    check_error("rank0.pickle", &run, &["is a FIFO"]);
+    let _ = std::fs::remove_file(&fifo);
+
+    let run = run_limited(&["report".as_ref(), "/dev/zero".as_ref()]);
+    check_error(
+        "/dev/zero",
+        &run,
+        &["is a character device, not a regular file"],
+    );
+}
+
+/// `gzip -d` ignores bytes after the last member and `zstd -d` skips a skippable frame; so
+/// does snapscan (with a warning for the gzip bytes).
+#[test]
+fn gzip_trailing_bytes_and_zstd_skippable_frames_are_read_as_the_tools_read_them() {
+    let plain = std::fs::read(common::fixture("synth/train-oom-forward.pickle")).unwrap();
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut enc, &plain).unwrap();
+    let mut gz = enc.finish().unwrap();
+    gz.extend_from_slice(&[0u8; 512]); // tar padding
+    let path = scratch_file("trailing.pickle.gz", &gz);
+    let run = run_limited(&["report".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("OUT OF MEMORY"), "{run:?}");
+    assert!(
+        run.stderr
+            .contains("512 bytes after the end of the gzip data were ignored"),
+        "{run:?}"
+    );
+
+    let mut zst = cat(&[&[0x50, 0x2a, 0x4d, 0x18], &4u32.to_le_bytes(), b"meta"]);
+    zst.extend(zstd::bulk::compress(&plain, 1).unwrap());
+    let path = scratch_file("skippable.pickle.zst", &zst);
+    let run = run_limited(&["report".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("OUT OF MEMORY"), "{run:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
