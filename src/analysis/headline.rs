@@ -80,19 +80,6 @@ pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shortfall_is_what_the_best_source_could_not_give() {
-        assert_eq!(shortfall_bytes(100, Some(30), 10), 70);
-        assert_eq!(shortfall_bytes(100, Some(10), 40), 60);
-        assert_eq!(shortfall_bytes(100, None, 40), 60);
-        assert_eq!(shortfall_bytes(100, Some(200), 0), 0);
-    }
-}
-
 /// Past this many devices in one file, text, Markdown and the page give a table of the devices
 /// and detail only the [`interesting_devices`] (`--all-devices`: every one).
 pub const MANY_DEVICES: usize = 64;
@@ -128,4 +115,17 @@ pub fn detailed_devices(
     all: bool,
 ) -> Option<Vec<i64>> {
     (!all && devices.len() > MANY_DEVICES).then(|| interesting_devices(devices, summary))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shortfall_is_what_the_best_source_could_not_give() {
+        assert_eq!(shortfall_bytes(100, Some(30), 10), 70);
+        assert_eq!(shortfall_bytes(100, Some(10), 40), 60);
+        assert_eq!(shortfall_bytes(100, None, 40), 60);
+        assert_eq!(shortfall_bytes(100, Some(200), 0), 0);
+    }
 }
