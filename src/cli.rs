@@ -104,6 +104,10 @@ pub enum Command {
         /// outliers in the cross-file table.
         #[arg(long)]
         ranks: bool,
+        /// A section for every device of a file with more than 64 (otherwise: a table of the
+        /// devices and sections for those with an OOM, the highest peak and the outliers).
+        #[arg(long)]
+        all_devices: bool,
     },
     /// Interactive viewer: one self-contained HTML file (no network request of any kind) with
     /// the report, a zoomable memory timeline, allocation details and stacks, the allocator state
@@ -127,6 +131,10 @@ pub enum Command {
         /// Recover what is complete from a pickle cut short instead of failing.
         #[arg(long)]
         salvage: bool,
+        /// A tab for every device of a file with more than 64 (otherwise: those with an OOM,
+        /// the highest peak and the outliers; the report's table lists every device).
+        #[arg(long)]
+        all_devices: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -404,9 +412,18 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             brief,
             ranks,
             html,
+            all_devices,
         } => {
             if html {
-                return view_page(&files, device, top, stacks, output, salvage, ranks);
+                return view_page(
+                    &files,
+                    device,
+                    top,
+                    stacks,
+                    output,
+                    salvage,
+                    (ranks, all_devices),
+                );
             }
             let mut timer = crate::timing::Timer::new();
             let (loaded, unreadable) = load_readable(&files, salvage)?;
@@ -458,6 +475,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 stacks: stacks.is_some(),
                 python_only: stacks == Some(StackFrames::Python),
                 full,
+                all_devices,
             };
             let pictures = match &svg {
                 Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
@@ -507,6 +525,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             top,
             output,
             salvage,
+            all_devices,
         } => view_page(
             &files,
             device,
@@ -514,7 +533,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             None,
             (output.as_os_str() != "-").then_some(output),
             salvage,
-            false,
+            (false, all_devices),
         ),
         Command::Timeline {
             file,
@@ -711,7 +730,7 @@ fn view_page(
     stacks: Option<StackFrames>,
     output: Option<PathBuf>,
     salvage: bool,
-    rank_files: bool,
+    (rank_files, all_devices): (bool, bool),
 ) -> Result<Outcome, anyhow::Error> {
     let (loaded, unreadable) = load_readable(files, salvage)?;
     for u in &unreadable {
@@ -721,18 +740,45 @@ fn view_page(
         .iter()
         .map(|l| (l.name.as_str(), &l.snapshot))
         .collect();
-    let panels = crate::render::html::panels(&named, device)?;
+    let mut panels = crate::render::html::panels(&named, device)?;
+    let options = analysis::report::ReportOptions {
+        device,
+        ..Default::default()
+    };
+    // A file of many devices gets tabs for the interesting ones only (which needs its report
+    // first); a browser took 53 s to open the page of 8 000 devices.
+    let many = !all_devices
+        && loaded
+            .iter()
+            .any(|l| l.snapshot.devices().len() > analysis::headline::MANY_DEVICES);
+    let early: Option<Vec<crate::report::FileReport>> =
+        many.then(|| loaded.par_iter().map(|l| report_of(l, &options)).collect());
+    if let Some(reports) = &early {
+        let keep: Vec<(&snapshot::Snapshot, Option<Vec<i64>>)> = loaded
+            .iter()
+            .zip(reports)
+            .map(|(l, r)| {
+                let keep = analysis::headline::detailed_devices(&r.devices, &r.summary, false);
+                (&l.snapshot, keep)
+            })
+            .collect();
+        panels.retain(|p| {
+            keep.iter()
+                .find(|(s, _)| std::ptr::eq(*s, p.snapshot))
+                .and_then(|(_, k)| k.as_ref())
+                .is_none_or(|k| k.binary_search(&p.device).is_ok())
+        });
+    }
     let title = match loaded.as_slice() {
         [one] => format!("snapscan view: {}", one.name),
         many => format!("snapscan view: {} files", many.len()),
     };
     let code = if unreadable.is_empty() { 0 } else { 2 };
     let markdown = || {
-        let options = analysis::report::ReportOptions {
-            device,
-            ..Default::default()
+        let reports: Vec<_> = match early {
+            Some(r) => r,
+            None => loaded.par_iter().map(|l| report_of(l, &options)).collect(),
         };
-        let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
         let ranks = (reports.len() > 1)
             .then(|| analysis::report::rank_table(&reports, &unreadable, rank_files));
         let report = crate::report::Report {
@@ -746,6 +792,7 @@ fn view_page(
             stacks: stacks.is_some(),
             python_only: stacks == Some(StackFrames::Python),
             full: false,
+            all_devices,
         };
         crate::render::report_text::markdown(&report, &view)
     };

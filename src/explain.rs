@@ -48,6 +48,48 @@ fn find_anchor(s: &str, from: usize) -> Option<(usize, usize)> {
         .filter_map(|a| rest.find(a).map(|k| (from + k, a.len())))
         .min()
 }
+/// The message starts of one line, asked for left to right (`from` never decreases): each
+/// anchor's next match is searched for once and kept until passed, so a line with many messages
+/// is walked once per anchor instead of once per message ([`find_anchor`] from every message
+/// searched the rest of the line for the anchor that does not occur: a 1 MB line of short
+/// messages took 5.2 s).
+struct Anchors<'a> {
+    s: &'a str,
+    /// Per anchor: the offset searched from, and the match found there (`None`: none after it).
+    next: [Option<(usize, Option<usize>)>; 2],
+}
+
+impl<'a> Anchors<'a> {
+    fn new(s: &'a str) -> Self {
+        Self { s, next: [None; 2] }
+    }
+
+    /// The first message start at or after `from`: its offset and length, as [`find_anchor`].
+    fn find(&mut self, from: usize) -> Option<(usize, usize)> {
+        let mut best: Option<(usize, usize)> = None;
+        for (slot, anchor) in self.next.iter_mut().zip([ANCHOR, HIP_ANCHOR]) {
+            let fresh = match *slot {
+                Some((at, found)) => at <= from && found.is_none_or(|k| k >= from),
+                None => false,
+            };
+            if !fresh {
+                let found = self
+                    .s
+                    .get(from..)
+                    .and_then(|rest| rest.find(anchor))
+                    .map(|k| from + k);
+                *slot = Some((from, found));
+            }
+            if let Some((_, Some(k))) = *slot {
+                if best.is_none_or(|b| (k, anchor.len()) < b) {
+                    best = Some((k, anchor.len()));
+                }
+            }
+        }
+        best
+    }
+}
+
 /// Longest stretch of one line (or of one `\r`-separated part of it) that is looked at; the rest
 /// of a longer line is skipped.
 pub const MAX_SEGMENT_BYTES: usize = 1 << 20;
@@ -1328,9 +1370,11 @@ impl Scanner {
         };
         let prefix = head(&seg[..first], 256).to_owned();
         let mut start = first;
+        let mut anchors = Anchors::new(seg);
         loop {
-            let next = find_anchor(seg, start)
-                .and_then(|(k, len)| find_anchor(seg, k + len))
+            let next = anchors
+                .find(start)
+                .and_then(|(k, len)| anchors.find(k + len))
                 .map(|(k, _)| k);
             let end = next.unwrap_or(seg.len());
             let p = Pending {

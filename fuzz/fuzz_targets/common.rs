@@ -40,6 +40,7 @@ pub fn analyse(snapshot: Snapshot, len: usize) {
         stacks: true,
         python_only: false,
         full: false,
+        all_devices: false,
     };
     let text = snapscan::render::report_text::text(&report, &view);
     assert!(!text.is_empty());

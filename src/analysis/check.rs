@@ -124,7 +124,7 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
                 if let Some(first) = dev.oom.first() {
                     violations.push(violation(
                         Budget::FailOnOom,
-                        Amount::Int(dev.oom.len() as i64),
+                        Amount::Int(dev.oom_events() as i64),
                         Amount::Int(0),
                         Moment::Oom,
                         Some(first.event_index),
@@ -136,7 +136,7 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
                 peak_requested_bytes: peak,
                 reserved_bytes: reserved,
                 fragmentation_ratio: ratio,
-                oom_events: dev.oom.len() as u64,
+                oom_events: dev.oom_events(),
             });
         }
         files.push(CheckedFile {

@@ -119,8 +119,8 @@ fn map_rows(
 }
 
 fn oom_delta(base: Option<&DeviceReport>, new: Option<&DeviceReport>) -> OomDelta {
-    let b = base.map_or(0, |d| d.oom.len() as u64);
-    let n = new.map_or(0, |d| d.oom.len() as u64);
+    let b = base.map_or(0, |d| d.oom_events());
+    let n = new.map_or(0, |d| d.oom_events());
     let change = match (b, n) {
         (0, 0) => "none",
         (0, _) => "appeared",

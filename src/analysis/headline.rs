@@ -34,7 +34,7 @@ pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
             let o = d.oom.first()?;
             Some(OomHeadline {
                 device: d.device,
-                oom_events: d.oom.len() as u64,
+                oom_events: d.oom_events(),
                 event_index: o.event_index,
                 requested_bytes: o.requested_bytes,
                 phase: o.phase.clone(),
@@ -78,6 +78,43 @@ pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
         imbalance,
         empty_devices: Vec::new(),
     }
+}
+
+/// Past this many devices in one file, text, Markdown and the page give a table of the devices
+/// and detail only the [`interesting_devices`] (`--all-devices`: every one).
+pub const MANY_DEVICES: usize = 64;
+/// At most this many devices with an OOM are detailed when there are many devices (the first
+/// ones; the table lists every one).
+pub const MOST_OOM_DEVICES_DETAILED: usize = 16;
+
+/// The devices worth a section when a file has more than [`MANY_DEVICES`]: the first
+/// [`MOST_OOM_DEVICES_DETAILED`] that ran out of memory, the one with the highest peak, and the
+/// outliers of an imbalance (highest and lowest peak). Sorted, each once.
+pub fn interesting_devices(devices: &[DeviceReport], summary: &FileSummary) -> Vec<i64> {
+    let mut out: Vec<i64> = devices
+        .iter()
+        .filter(|d| !d.oom.is_empty())
+        .take(MOST_OOM_DEVICES_DETAILED)
+        .map(|d| d.device)
+        .collect();
+    out.extend(summary.peak_device);
+    if let Some(i) = &summary.imbalance {
+        out.push(i.highest_device);
+        out.push(i.lowest_device);
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// [`interesting_devices`] when `devices` are more than [`MANY_DEVICES`] and not all are asked
+/// for; `None`: detail every device.
+pub fn detailed_devices(
+    devices: &[DeviceReport],
+    summary: &FileSummary,
+    all: bool,
+) -> Option<Vec<i64>> {
+    (!all && devices.len() > MANY_DEVICES).then(|| interesting_devices(devices, summary))
 }
 
 #[cfg(test)]

@@ -202,6 +202,24 @@ pub fn device_quality(
     out
 }
 
+/// Bytes after the pickle's STOP (a dump written over a longer file, files joined, padding):
+/// ignored, as `pickle.load` ignores them. One warning for the file, on each device.
+pub fn bytes_after_stop(snapshot: &Snapshot) -> Option<QualityWarning> {
+    let a = snapshot.after_stop?;
+    Some(warning(
+        "bytes_after_stop",
+        a.len,
+        format!(
+            "{} follow the end of the pickle (its STOP, at byte {}) and were ignored, as \
+             pickle.load ignores them; the file may have been written over a longer one or \
+             joined to another",
+            plural(a.len, "byte", "bytes"),
+            a.offset.saturating_sub(1)
+        ),
+        &[],
+    ))
+}
+
 /// Segments of a device that is no CUDA ordinal, or that has no `device_traces` list while
 /// other devices have one.
 fn device_out_of_range(

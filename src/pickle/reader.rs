@@ -537,6 +537,7 @@ impl<'a> Machine<'a> {
                     }
                     let root = self.pop()?;
                     self.doc.root = Some(root);
+                    self.doc.end = Some(self.pos);
                     return Ok(());
                 }
                 op::MARK => self.marks.push(self.stack.len()),

@@ -145,6 +145,8 @@ pub struct Document {
     pub big_ints: Vec<i128>,
     pub bytes: Vec<Box<[u8]>>,
     pub root: Option<Value>,
+    /// Offset just after the STOP that ended the pickle (`None`: no STOP ran, e.g. JSON).
+    pub end: Option<usize>,
 }
 
 impl Document {

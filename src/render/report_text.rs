@@ -21,6 +21,9 @@ pub struct View {
     pub python_only: bool,
     /// Every row of the tables that are cut only for reading (`--full`: the training steps).
     pub full: bool,
+    /// A section for every device even when a file has many (`--all-devices`; otherwise past
+    /// `analysis::headline::MANY_DEVICES` a table of the devices and the interesting ones).
+    pub all_devices: bool,
 }
 
 /// A stack line (`file:line:function`) of a Python frame.
@@ -347,6 +350,18 @@ fn segment_table(
     })
 }
 
+/// How many OOM events the report does not detail (a trace with very many).
+fn omitted_ooms_line(dev: &DeviceReport) -> Option<Block> {
+    let n = dev.oom_omitted.filter(|&n| n > 0)?;
+    Some(Block::Para(format!(
+        "{} OOM events in all: the first, the last and the {} worst are above; {} more are \
+         not detailed.",
+        dev.oom_events(),
+        dev.oom.len().saturating_sub(2),
+        n
+    )))
+}
+
 fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Block> {
     let mut out = Vec::new();
     out.push(Block::Heading(format!(
@@ -388,6 +403,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         for o in &dev.oom {
             out.push(Block::Alert(oom_verdict(dev, o)));
         }
+        out.extend(omitted_ooms_line(dev));
         out.push(Block::Para(format!(
             "Peak before that: {} requested ({} in blocks){} {}.",
             bytes(dev.peak.requested_bytes),
@@ -948,6 +964,22 @@ pub fn brief(report: &Report) -> String {
 fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
     let mut blocks = rank_blocks(report);
     for file in &report.files {
+        let detailed = crate::analysis::headline::detailed_devices(
+            &file.devices,
+            &file.summary,
+            view.all_devices,
+        );
+        if let Some(keep) = detailed {
+            blocks.extend(many_devices_blocks(file, &keep));
+            for dev in file
+                .devices
+                .iter()
+                .filter(|d| keep.binary_search(&d.device).is_ok())
+            {
+                blocks.extend(device_blocks(file, dev, view));
+            }
+            continue;
+        }
         if file.devices.len() > 1 {
             blocks.extend(file_headline(&file.path, &file.summary, &file.devices));
         }
@@ -1001,6 +1033,98 @@ impl Block {
             ),
         }
     }
+}
+
+/// The head of a file with more than `analysis::headline::MANY_DEVICES` devices: how many ran
+/// out of memory, a table of every device (peak, OOMs, reserved, what marks it) and which are
+/// detailed below (`keep`, sorted); the devices with nothing recorded in one line.
+fn many_devices_blocks(file: &FileReport, keep: &[i64]) -> Vec<Block> {
+    let sum = &file.summary;
+    let mut out = vec![Block::Heading(format!(
+        "{} — {} devices",
+        safe::name(&file.path),
+        sum.devices
+    ))];
+    match sum.oom.first() {
+        Some(h) => out.push(Block::Alert(format!(
+            "OOM on {} of the {} devices; the first: device {}: {}.",
+            sum.oom.len(),
+            sum.devices,
+            h.device,
+            oom_brief(h)
+        ))),
+        None => out.push(Block::Para(format!(
+            "No OOM on any of the {} devices; the highest peak is {} on device {}.",
+            sum.devices,
+            bytes(sum.peak_requested_bytes),
+            sum.peak_device.unwrap_or(0)
+        ))),
+    }
+    if let Some(i) = &sum.imbalance {
+        let times = i.ratio.map(|r| format!("{r:.1}× ")).unwrap_or_default();
+        out.push(Block::Para(format!(
+            "Imbalance: device {} peaks at {}, {times}device {}'s {} (flagged when the {}).",
+            i.highest_device,
+            bytes(i.highest_peak_bytes),
+            i.lowest_device,
+            bytes(i.lowest_peak_bytes),
+            i.rule
+        )));
+    }
+    let listed: Vec<String> = keep.iter().map(|d| d.to_string()).collect();
+    out.push(Block::Para(format!(
+        "More devices than one can read through: each is one row below, and only devices {} \
+         (the first with an OOM, the highest peak, the outliers) have a section; \
+         --all-devices gives every device one.",
+        listed.join(", ")
+    )));
+    let outlier = sum
+        .imbalance
+        .as_ref()
+        .map(|i| (i.highest_device, i.lowest_device));
+    let rows = file
+        .devices
+        .iter()
+        .map(|d| {
+            let mut marks = Vec::new();
+            if sum.peak_device == Some(d.device) {
+                marks.push("highest peak");
+            }
+            match outlier {
+                Some((h, _)) if h == d.device => marks.push("outlier (high)"),
+                Some((_, l)) if l == d.device => marks.push("outlier (low)"),
+                _ => {}
+            }
+            if keep.binary_search(&d.device).is_ok() {
+                marks.push("detailed below");
+            }
+            vec![
+                d.device.to_string(),
+                bytes(d.peak.requested_bytes),
+                d.oom_events().to_string(),
+                format_bytes(crate::analysis::report::RankDevice::max_reserved(
+                    d.peak_reserved.bytes,
+                    d.final_state.reserved_bytes,
+                )),
+                marks.join(", "),
+            ]
+        })
+        .collect();
+    out.push(Block::Table {
+        title: format!("Devices ({})", file.devices.len()),
+        header: vec!["device", "peak", "OOMs", "reserved", ""],
+        right: vec![true, true, true, true, false],
+        rows,
+    });
+    if !sum.empty_devices.is_empty() {
+        let list: Vec<String> = sum.empty_devices.iter().map(|d| d.to_string()).collect();
+        out.push(Block::Para(format!(
+            "{} with nothing recorded (no segments, no trace entries): {}.",
+            counted(sum.empty_devices.len() as u64, "device", "devices"),
+            list.join(", ")
+        )));
+    }
+    out
 }
 
 /// Wraps a paragraph at `width` columns.

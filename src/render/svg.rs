@@ -710,6 +710,8 @@ pub fn site_legend_entry(
 /// Names are made of `[A-Za-z0-9._-]`; duplicates get `-2`, `-3`, …
 pub fn picture_stems(names: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::with_capacity(names.len());
+    let mut taken: rustc_hash::FxHashSet<String> = Default::default();
+    let mut next: rustc_hash::FxHashMap<String, usize> = Default::default();
     for name in names {
         let base = name.rsplit(['/', '\\']).next().unwrap_or(name);
         let mut stem = base.to_owned();
@@ -732,12 +734,16 @@ pub fn picture_stems(names: &[String]) -> Vec<String> {
         if stem.is_empty() {
             stem = "snapshot".to_owned();
         }
+        // The names taken, and per stem the next number to try (the numbers below it are taken
+        // and stay taken): linear in the names, where searching `out` for each candidate took
+        // 3.5 s for 2 000 inputs `rankN/x.pickle`.
+        let n = next.entry(stem.clone()).or_insert(2);
         let mut candidate = stem.clone();
-        let mut n = 2;
-        while out.contains(&candidate) {
+        while taken.contains(&candidate) {
             candidate = format!("{stem}-{n}");
-            n += 1;
+            *n += 1;
         }
+        taken.insert(candidate.clone());
         out.push(candidate);
     }
     out
@@ -800,6 +806,14 @@ mod tests {
             "<stdin>".to_owned(),
         ];
         assert_eq!(picture_stems(&names), vec!["rank0", "rank0-2", "_stdin_"]);
+        let names: Vec<String> = ["a/x", "b/x", "c/x-2", "d/x", "e/x-2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            picture_stems(&names),
+            vec!["x", "x-2", "x-2-2", "x-3", "x-2-3"]
+        );
     }
 
     #[test]

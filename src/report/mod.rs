@@ -182,6 +182,10 @@ pub struct DeviceReport {
     pub live_at_peak_by_call_site: Vec<CallSiteBytes>,
     pub held_open: HeldOpen,
     pub oom: Vec<Oom>,
+    /// OOM events not in `oom`: past `analysis::report::MAX_OOMS_DETAILED` OOMs (a batch-size
+    /// finder that catches them), `oom` holds the first, the last and the worst few, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_omitted: Option<u64>,
     /// Layout at the peak.
     pub segments: Vec<SegmentReport>,
     /// What a capped `segments` left out.
@@ -214,6 +218,13 @@ pub struct DeviceReport {
     /// clean dump. Absent in reports written before it existed.
     #[serde(default)]
     pub data_quality: Vec<QualityWarning>,
+}
+
+impl DeviceReport {
+    /// OOM events of the device: those detailed in `oom` and those omitted.
+    pub fn oom_events(&self) -> u64 {
+        self.oom.len() as u64 + self.oom_omitted.unwrap_or(0)
+    }
 }
 
 /// One kind of inconsistency in a snapshot (`analysis::quality`).

@@ -786,5 +786,8 @@ pub(crate) fn decode_parts(
         interner: d.interner,
         other_top_level_keys: other_keys,
         salvaged: None,
+        after_stop: None,
+        segments_by_device: Default::default(),
+        stacks_found: Default::default(),
     })
 }

@@ -178,7 +178,9 @@ fn sequential(
     match input::decode_document_with(name, bytes, progress) {
         Ok(doc) => {
             progress.phase("building the snapshot model", None);
-            Ok((decode(&doc).map_err(schema)?, None))
+            let mut s = decode(&doc).map_err(schema)?;
+            s.after_stop = doc.end.and_then(|e| AfterStop::of(e, bytes.len()));
+            Ok((s, None))
         }
         Err(InputError::Pickle {
             error: error @ PickleError::Truncated { .. },

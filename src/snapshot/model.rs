@@ -199,6 +199,32 @@ pub struct Snapshot {
     pub other_top_level_keys: Vec<String>,
     /// Set when the snapshot was recovered from a cut pickle (`--salvage`).
     pub salvaged: Option<Salvaged>,
+    /// Bytes after the pickle's STOP, ignored (as `pickle.load` ignores them).
+    pub after_stop: Option<AfterStop>,
+    /// The positions in `segments` of each device's segments, built on first use by
+    /// [`Snapshot::segments_of`] (`segments` is not changed after decoding).
+    pub(crate) segments_by_device: std::sync::OnceLock<rustc_hash::FxHashMap<i64, Vec<u32>>>,
+    /// [`Snapshot::has_stacks`], found on first use.
+    pub(crate) stacks_found: std::sync::OnceLock<bool>,
+}
+
+/// Bytes that follow the end of the pickle (STOP), which the reader ignores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AfterStop {
+    /// Offset of the first byte after STOP.
+    pub offset: u64,
+    /// How many bytes follow.
+    pub len: u64,
+}
+
+impl AfterStop {
+    /// `None` when the pickle ends at `end` (just after STOP) of an input of `len` bytes.
+    pub fn of(end: usize, len: usize) -> Option<AfterStop> {
+        (end < len).then_some(AfterStop {
+            offset: end as u64,
+            len: (len - end) as u64,
+        })
+    }
 }
 
 /// Where a pickle was cut, for a snapshot recovered from it.
@@ -376,12 +402,31 @@ impl Snapshot {
             .unwrap_or(&EMPTY)
     }
 
+    /// The segments of `device`, in file order. Grouped by device once: filtering every
+    /// segment for every device took 20 s for 32 000 devices.
     pub fn segments_of(&self, device: i64) -> impl Iterator<Item = &Segment> {
-        self.segments.iter().filter(move |s| s.device == device)
+        let index = self.segments_by_device.get_or_init(|| {
+            let mut index: rustc_hash::FxHashMap<i64, Vec<u32>> = Default::default();
+            for (i, s) in self.segments.iter().enumerate() {
+                index.entry(s.device).or_default().push(i as u32);
+            }
+            index
+        });
+        index
+            .get(&device)
+            .into_iter()
+            .flatten()
+            .map(|&i| &self.segments[i as usize])
     }
 
-    /// True when any block, segment or trace entry carries a non-empty stack.
+    /// True when any block, segment or trace entry carries a non-empty stack. Found once: each
+    /// device's report asks, and a file without stacks was searched whole for each of its
+    /// devices (48 000 devices: 30 s).
     pub fn has_stacks(&self) -> bool {
+        *self.stacks_found.get_or_init(|| self.find_stacks())
+    }
+
+    fn find_stacks(&self) -> bool {
         let empty = StackId::EMPTY;
         self.segments
             .iter()

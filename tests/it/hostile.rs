@@ -58,6 +58,12 @@ fn run_limited(args: &[&std::ffi::OsStr]) -> Run {
     run_limited_in(args, MAX_ADDRESS_SPACE, None)
 }
 
+/// [`run_limited`] with another address-space limit.
+#[cfg(unix)]
+fn run_limited_to(args: &[&std::ffi::OsStr], address_space: u64) -> Run {
+    run_limited_in(args, address_space, None)
+}
+
 /// [`run_limited`] with another address-space limit, and stdin from a file.
 #[cfg(unix)]
 fn run_limited_in(args: &[&std::ffi::OsStr], address_space: u64, stdin: Option<&Path>) -> Run {
@@ -156,6 +162,11 @@ fn run_limited_in(args: &[&std::ffi::OsStr], address_space: u64, stdin: Option<&
 
 #[cfg(not(unix))]
 fn run_limited_in(args: &[&std::ffi::OsStr], _: u64, _: Option<&Path>) -> Run {
+    run_limited(args)
+}
+
+#[cfg(not(unix))]
+fn run_limited_to(args: &[&std::ffi::OsStr], _address_space: u64) -> Run {
     run_limited(args)
 }
 
@@ -1235,6 +1246,7 @@ fn report_of(name: &str, bytes: &[u8]) -> Option<FileReport> {
                 stacks: true,
                 python_only: false,
                 full: false,
+                all_devices: false,
             };
             assert!(!snapscan::render::report_text::text(&r, &view).is_empty());
             assert!(!snapscan::render::json(&r).is_empty());
@@ -1770,4 +1782,187 @@ fn data_quality_is_rendered_in_text_and_json() {
     assert_eq!(dq[0]["count"], 1);
     assert!(dq[0]["affects"].as_array().is_some());
     let _ = std::fs::remove_file(path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time linear in the input, whatever its shape: inputs of a few MB whose shape once took
+// seconds (a stretch parsed byte by byte, a walk per device or per OOM, a search per message or
+// per name). Each must finish within [`LINEAR_CPU`] of CPU time; each took more before.
+
+const LINEAR_CPU: Duration = Duration::from_millis(1200);
+/// The device reports of the many-devices input need more room than the error cases.
+const LINEAR_ADDRESS_SPACE: u64 = 2 << 30;
+
+/// A trace entry dict: `{action, addr, size, stream}` (`device_free` for an OOM).
+fn entry(action: &str, addr: i32, size: i32) -> Vec<u8> {
+    let place = if action == "oom" {
+        "device_free"
+    } else {
+        "addr"
+    };
+    cat(&[
+        b"}(",
+        &text("action"),
+        &text(action),
+        &text(place),
+        &int(addr),
+        &text("size"),
+        &int(size),
+        &text("stream"),
+        &int(0),
+        b"u",
+    ])
+}
+
+/// `{"segments": [], "device_traces": [...]}` with the given device lists (each a list of
+/// entries).
+fn snapshot_of(devices: &[Vec<Vec<u8>>]) -> Vec<u8> {
+    let mut out = cat(&[
+        PROTO4,
+        b"}(",
+        &text("segments"),
+        b"]",
+        &text("device_traces"),
+        b"](",
+    ]);
+    for d in devices {
+        out.extend_from_slice(b"](");
+        for e in d {
+            out.extend_from_slice(e);
+        }
+        out.extend_from_slice(b"e");
+    }
+    out.extend_from_slice(b"eu.");
+    out
+}
+
+fn expect_fast(what: &str, args: &[&std::ffi::OsStr]) -> Run {
+    let run = run_limited_to(args, LINEAR_ADDRESS_SPACE);
+    let summary = format!(
+        "{what}: exit {:?} (signal {:?}), {:.2} s CPU, {:.2} s wall; stderr: {}",
+        run.code,
+        run.signal,
+        run.cpu.as_secs_f64(),
+        run.wall.as_secs_f64(),
+        run.stderr.chars().take(600).collect::<String>()
+    );
+    assert_eq!(run.code, Some(0), "{summary}");
+    assert!(run.cpu < LINEAR_CPU, "too slow: {summary}");
+    run
+}
+
+#[test]
+fn bytes_after_stop_are_skipped_at_once_with_a_warning() {
+    let mut data = snapshot_of(&[vec![entry("alloc", 4096, 512)]]);
+    let end = data.len();
+    data.resize(end + (6 << 20), 0);
+    let path = scratch_file("after-stop.pickle", &data);
+    let run = expect_fast(
+        "after STOP",
+        &[
+            "report".as_ref(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            path.as_os_str(),
+        ],
+    );
+    let _ = std::fs::remove_file(&path);
+    let report: Json = serde_json::from_str(&run.stdout).expect("JSON report");
+    let w = &report["files"][0]["devices"][0]["data_quality"][0];
+    assert_eq!(w["kind"], "bytes_after_stop", "{w}");
+    assert_eq!(w["count"], 6 << 20);
+    assert!(w["message"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("at byte {}", end - 1)));
+}
+
+#[test]
+fn many_devices_take_linear_time_and_a_table() {
+    let devices: Vec<Vec<Vec<u8>>> = (0..48_000)
+        .map(|d| vec![entry("alloc", 4096, 512 * (1 + d % 7))])
+        .collect();
+    let path = scratch_file("many-devices.pickle", &snapshot_of(&devices));
+    let run = expect_fast("many devices", &["report".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(run.stdout.contains("Devices (48000):"), "no device table");
+    // Only the device with the highest peak (3.5 KiB, device 6 first) has a section.
+    assert_eq!(run.stdout.matches("== ").count(), 2, "sections");
+    assert!(run.stdout.contains("— device 6\n"));
+}
+
+#[test]
+fn many_ooms_are_detailed_first_last_and_worst() {
+    let mut trace = vec![entry("segment_alloc", 1 << 30, 1 << 30)];
+    let n = 30_000;
+    for i in 0..n {
+        trace.push(entry("alloc", 1 << 30, 1 << 20));
+        trace.push(entry("oom", 1 << 20, (1 << 30) + 512 * (i % 977)));
+        trace.push(entry("free_requested", 1 << 30, 1 << 20));
+        trace.push(entry("free_completed", 1 << 30, 1 << 20));
+    }
+    let path = scratch_file("many-ooms.pickle", &snapshot_of(&[trace]));
+    let run = expect_fast(
+        "many OOMs",
+        &[
+            "report".as_ref(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            path.as_os_str(),
+        ],
+    );
+    let _ = std::fs::remove_file(&path);
+    let report: Json = serde_json::from_str(&run.stdout).expect("JSON report");
+    let dev = &report["files"][0]["devices"][0];
+    let detailed = dev["oom"].as_array().unwrap().len() as u64;
+    assert_eq!(detailed, 8);
+    assert_eq!(dev["oom_omitted"].as_u64().unwrap() + detailed, n as u64);
+    assert_eq!(dev["oom"][0]["event_index"], 2);
+    assert_eq!(dev["oom"][7]["event_index"], 4 * (n - 1) + 2);
+    assert_eq!(report["files"][0]["summary"]["oom"][0]["oom_events"], n);
+}
+
+#[test]
+fn explain_reads_a_long_line_of_messages_in_one_pass() {
+    let line = "CUDA out of memory. Tried to allocate 2.00 GiB. ".repeat(20_000);
+    let path = scratch_file("long-line.log", format!("{line}\n").as_bytes());
+    let run = expect_fast("explain", &["explain".as_ref(), path.as_os_str()]);
+    let _ = std::fs::remove_file(&path);
+    assert!(run.stdout.contains("10000 more messages were not kept"));
+}
+
+#[test]
+fn picture_names_of_many_inputs_with_one_name_are_made_unique_at_once() {
+    let dir = scratch_dir().join("ranks");
+    let one = snapshot_of(&[vec![entry("alloc", 4096, 512)]]);
+    let mut files = Vec::new();
+    for r in 0..2000 {
+        let d = dir.join(format!("rank{r}"));
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("x.pickle");
+        std::fs::write(&p, &one).unwrap();
+        files.push(p);
+    }
+    let out = scratch_dir().join("pictures");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "report".as_ref(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        "--svg".as_ref(),
+        out.as_os_str(),
+    ];
+    args.extend(files.iter().map(|f| f.as_os_str()));
+    let run = run_limited_to(&args, LINEAR_ADDRESS_SPACE);
+    let written = std::fs::read_dir(&out).map(|d| d.count()).unwrap_or(0);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(written, 4000);
+    // The names alone once took seconds; loading and drawing 2 000 files takes most of this.
+    assert!(
+        run.cpu < Duration::from_secs(3),
+        "too slow: {:.2} s CPU",
+        run.cpu.as_secs_f64()
+    );
 }

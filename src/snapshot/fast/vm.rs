@@ -1351,6 +1351,8 @@ pub struct ChunkOut<'a> {
     pub memos: u32,
     /// True when the chunk ran up to STOP.
     pub stopped: bool,
+    /// Offset just after that STOP.
+    pub stop_end: Option<usize>,
     /// Segment dicts read here, by row.
     pub segs: Vec<SegRow>,
 }
@@ -2926,6 +2928,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames,
             memos,
             stopped,
+            stop_end: None,
             segs: self.segs,
         })
     }
@@ -2994,7 +2997,10 @@ pub fn run_chunk<'a>(ctx: &Ctx<'a>, index: usize, spare: &mut Spare<'a>) -> R<Ch
     let c = &ctx.spans[index];
     let mut vm = Vm::chunk(ctx, index, spare)?;
     let stopped = vm.run(c.start, c.end)?;
-    vm.finish(spare, stopped)
+    let stop_end = stopped.then_some(vm.op_pos + 1);
+    let mut out = vm.finish(spare, stopped)?;
+    out.stop_end = stop_end;
+    Ok(out)
 }
 
 #[allow(dead_code)]
