@@ -1024,6 +1024,18 @@ pub fn main() -> ExitCode {
         crate::input::set_max_decompressed(bytes);
     }
     crate::guard::install();
+    // Started here rather than on first use, where a failure to start threads (a tight
+    // ulimit, a full process table) is a panic: with fewer threads, or an error.
+    if let Err(e) = rayon::ThreadPoolBuilder::new().build_global() {
+        if rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build_global()
+            .is_err()
+        {
+            error(&format!("cannot start a worker thread: {e}"));
+            return ExitCode::from(2);
+        }
+    }
     let code = run_and_write(cli);
     // For the linear-work test: the work counted by the reader and the analysis.
     if std::env::var_os("SNAPSCAN_WORK").is_some() {

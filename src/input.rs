@@ -193,11 +193,19 @@ fn decompress<'a, D: Read>(
         Ok(false) => {}
         Err(e) => return Err((e.to_string(), out)),
     }
-    const STEP: u64 = 1 << 22;
+    const STEP: usize = 1 << 22;
+    // The room never grows past the cap (and one byte, to see the stream go on): doubling
+    // from just under it would reserve twice the cap.
+    let most = usize::try_from(cap).unwrap_or(usize::MAX).saturating_add(1);
     loop {
+        if out.capacity() - out.len() < STEP && out.capacity() < most {
+            let target = out.capacity().saturating_mul(2).max(STEP).min(most);
+            out.reserve_exact(target - out.len());
+        }
+        let room = (out.capacity() - out.len()).max(1) as u64;
         // Decoded straight into the output's spare room (`read_to_end` neither zeroes it nor
         // goes through a buffer); what a failing read gave is kept.
-        let n = match (&mut decoder).take(STEP).read_to_end(&mut out) {
+        let n = match (&mut decoder).take(room).read_to_end(&mut out) {
             Ok(n) => n,
             Err(e) => return Err((e.to_string(), out)),
         };
