@@ -1042,8 +1042,9 @@ mod tests {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &plain).unwrap();
         let gz = gz.finish().unwrap();
+        let trailing = std::cell::Cell::new(0);
         let back = decompress(
-            |r| Ok(GzMembers::new(r, &std::cell::Cell::new(0))),
+            |r| Ok(GzMembers::new(r, &trailing)),
             &gz,
             &mut Loading::hidden(),
             &std::cell::Cell::new(0),

@@ -88,7 +88,19 @@ pub fn canonical(s: &Snapshot) -> Vec<String> {
     let mut out = vec![
         format!("{:?}", s.layout),
         format!("{:?}", s.other_top_level_keys),
-        format!("{:?}", s.annotations),
+        // Annotation texts by their content: the readers intern in different orders.
+        format!(
+            "{:?}",
+            s.annotations
+                .iter()
+                .map(|a| (
+                    s.interner.get_text(a.name),
+                    s.interner.get_text(a.stage),
+                    a.device,
+                    a.time_us
+                ))
+                .collect::<Vec<_>>()
+        ),
         format!(
             "{:?}",
             s.allocator_settings.as_ref().map(|a| (
