@@ -762,7 +762,7 @@ fn memo_bomb_long_annotation_name_is_shared() {
 /// times, aborted at 3.9 GB. Every copy is charged by its length.
 #[test]
 fn memo_bomb_long_values_in_allocator_settings_are_charged_by_bytes() {
-    let long_bytes = cat(&[&[b'B'], &(1u32 << 20).to_le_bytes(), &vec![0u8; 1 << 20]]);
+    let long_bytes = cat(&[b"B", &(1u32 << 20).to_le_bytes(), &vec![0u8; 1 << 20]]);
     for (name, stored, refs) in [
         (
             "memo-settings-text.pickle",
