@@ -517,6 +517,11 @@ pub fn read_input_salvage(
             match unsafe { memmap2::Mmap::map(&file) } {
                 Ok(m) => {
                     crate::guard::note_mapped(&name);
+                    // For the test of a file that shrinks while mapped: time to shrink it.
+                    if let Some(ms) = std::env::var_os("SNAPSCAN_TEST_PAUSE_AFTER_MAP") {
+                        let ms = ms.to_str().and_then(|t| t.parse().ok()).unwrap_or(0);
+                        std::thread::sleep(std::time::Duration::from_millis(ms));
+                    }
                     InputBytes::Mapped(m, file)
                 }
                 Err(_) => {

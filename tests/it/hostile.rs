@@ -897,6 +897,46 @@ fn gzip_trailing_bytes_and_zstd_skippable_frames_are_read_as_the_tools_read_them
     assert!(run.stdout.contains("OUT OF MEMORY"), "{run:?}");
 }
 
+/// A snapshot still being written, or replaced, can shrink while it is mapped: that gave
+/// SIGBUS (exit 135, no message). Now: "the file changed while being read", exit 2. The reader
+/// pauses after mapping (a test switch) while the test cuts the file.
+#[test]
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn a_file_that_shrinks_while_mapped_is_an_error() {
+    let fixture = std::fs::read(common::fixture("captured/protocol5_eval.pickle")).unwrap();
+    let path = scratch_dir().join("shrinking.pickle");
+    for pause_ms in [1000u64, 3000, 8000] {
+        std::fs::write(&path, &fixture).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+            .args(["report".as_ref(), path.as_os_str()])
+            .env("SNAPSCAN_TEST_PAUSE_AFTER_MAP", pause_ms.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(pause_ms / 4));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("the file is empty") {
+            continue; // cut before the reader mapped it: try with more time
+        }
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("shrinking.pickle: the file changed while being read"),
+            "{stderr}"
+        );
+        let _ = std::fs::remove_file(&path);
+        return;
+    }
+    panic!("the file was cut before it was mapped every time");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Length fields, nesting, integers, text.
 
