@@ -51,8 +51,30 @@ impl Default for Interner {
     }
 }
 
+/// Texts longer than this (no real frame name, file name or tag comes near) are kept shortened:
+/// the report copies a text into every row that names it, so one long text shared by many
+/// rows would otherwise multiply (a 1 MB file name in 300 rows: 300 MB of report).
+pub const MAX_TEXT_BYTES: usize = 16 << 10;
+
+/// `text` cut to [`MAX_TEXT_BYTES`] at a character boundary, saying how long it was.
+fn shortened(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= MAX_TEXT_BYTES {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = MAX_TEXT_BYTES - 64;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!(
+        "{}… (shortened: {} bytes in all)",
+        &text[..end],
+        text.len()
+    ))
+}
+
 impl Interner {
     pub fn text(&mut self, text: &str) -> TextId {
+        let text = &*shortened(text);
         if let Some(&id) = self.text_index.get(text) {
             return id;
         }
@@ -114,5 +136,23 @@ impl Interner {
 
     pub fn frame_count(&self) -> usize {
         self.frames.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_texts_are_kept_shortened_and_short_ones_whole() {
+        let mut i = Interner::default();
+        let short = i.text("model.py");
+        assert_eq!(i.get_text(short), "model.py");
+        let long = "é".repeat(MAX_TEXT_BYTES);
+        let id = i.text(&long);
+        let kept = i.get_text(id);
+        assert!(kept.len() <= MAX_TEXT_BYTES, "{}", kept.len());
+        assert!(kept.ends_with(&format!("(shortened: {} bytes in all)", long.len())));
+        assert_eq!(i.text(&long), id, "the same long text is one text");
     }
 }
