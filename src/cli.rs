@@ -433,6 +433,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
+                all_devices,
                 // The lists are capped (`--full`: complete): JSON at its limit, text and
                 // Markdown at what their tables show, which spares describing each of the
                 // tens of thousands of tensors alive at a real peak.
@@ -743,6 +744,7 @@ fn view_page(
     let mut panels = crate::render::html::panels(&named, device)?;
     let options = analysis::report::ReportOptions {
         device,
+        all_devices,
         ..Default::default()
     };
     // A file of many devices gets tabs for the interesting ones only (which needs its report
@@ -754,11 +756,13 @@ fn view_page(
     let early: Option<Vec<crate::report::FileReport>> =
         many.then(|| loaded.par_iter().map(|l| report_of(l, &options)).collect());
     if let Some(reports) = &early {
+        // The report of a file of many devices has sections for the interesting ones only.
         let keep: Vec<(&snapshot::Snapshot, Option<Vec<i64>>)> = loaded
             .iter()
             .zip(reports)
             .map(|(l, r)| {
-                let keep = analysis::headline::detailed_devices(&r.devices, &r.summary, false);
+                let keep = (!r.device_table.is_empty())
+                    .then(|| r.devices.iter().map(|d| d.device).collect::<Vec<_>>());
                 (&l.snapshot, keep)
             })
             .collect();

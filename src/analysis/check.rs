@@ -13,56 +13,11 @@
 //! * `fail-on-oom`: any `oom` event in the trace.
 
 use crate::report::{
-    Amount, Budget, Budgets, CheckReport, CheckedDevice, CheckedFile, DeviceReport, Moment, Report,
-    SegmentReport, Violation, SCHEMA_VERSION,
+    Amount, Budget, Budgets, CheckReport, CheckedDevice, CheckedFile, Moment, Report, Violation,
+    SCHEMA_VERSION,
 };
 
-/// The fragmentation ratio of a segment layout (the same formula as `fragmentation_at_peak`).
-pub fn fragmentation_ratio(segments: &[SegmentReport]) -> f64 {
-    let free = segments
-        .iter()
-        .fold(0u64, |sum, s| sum.saturating_add(s.free_bytes));
-    let largest = segments
-        .iter()
-        .map(|s| s.largest_hole_bytes)
-        .max()
-        .unwrap_or(0);
-    if free > 0 {
-        1.0 - largest as f64 / free as f64
-    } else {
-        0.0
-    }
-}
-
-/// The worst fragmentation of a device: at the peak and at every OOM, with where it was.
-fn worst_fragmentation(dev: &DeviceReport) -> (f64, Moment, Option<u32>) {
-    let mut worst = (
-        dev.fragmentation_at_peak.fragmentation_ratio,
-        Moment::Peak,
-        dev.peak.event_index,
-    );
-    for o in &dev.oom {
-        let r = fragmentation_ratio(&o.segments);
-        if r > worst.0 {
-            worst = (r, Moment::Oom, Some(o.event_index));
-        }
-    }
-    worst
-}
-
-/// The highest reserved bytes of a device and when.
-fn highest_reserved(dev: &DeviceReport) -> (i64, Moment, Option<u32>) {
-    let at_end = i64::try_from(dev.final_state.reserved_bytes).unwrap_or(i64::MAX);
-    if at_end > dev.peak_reserved.bytes {
-        (at_end, Moment::End, None)
-    } else {
-        (
-            dev.peak_reserved.bytes,
-            Moment::Peak,
-            dev.peak_reserved.event_index,
-        )
-    }
-}
+pub use crate::report::fragmentation_ratio;
 
 fn bytes_amount(b: u64) -> Amount {
     Amount::Int(i64::try_from(b).unwrap_or(i64::MAX))
@@ -73,8 +28,9 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
     let mut violations = Vec::new();
     let mut files = Vec::with_capacity(report.files.len());
     for file in &report.files {
-        let mut devices = Vec::with_capacity(file.devices.len());
-        for dev in &file.devices {
+        let rows = file.rows();
+        let mut devices = Vec::with_capacity(rows.len());
+        for dev in rows.iter() {
             let violation = |budget, measured, limit, at, event_index| Violation {
                 path: file.path.clone(),
                 device: dev.device,
@@ -84,7 +40,7 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
                 at,
                 event_index,
             };
-            let peak = dev.peak.requested_bytes;
+            let peak = dev.peak_requested_bytes;
             if let Some(limit) = budgets.max_peak_bytes {
                 if i128::from(peak) > i128::from(limit) {
                     violations.push(violation(
@@ -92,42 +48,42 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
                         Amount::Int(peak),
                         bytes_amount(limit),
                         Moment::Peak,
-                        dev.peak.event_index,
+                        dev.peak_event_index,
                     ));
                 }
             }
-            let (reserved, reserved_at, reserved_event) = highest_reserved(dev);
+            let reserved = dev.max_reserved_bytes;
             if let Some(limit) = budgets.max_reserved_bytes {
                 if i128::from(reserved) > i128::from(limit) {
                     violations.push(violation(
                         Budget::MaxReserved,
                         Amount::Int(reserved),
                         bytes_amount(limit),
-                        reserved_at,
-                        reserved_event,
+                        dev.max_reserved_at,
+                        dev.max_reserved_event_index,
                     ));
                 }
             }
-            let (ratio, ratio_at, ratio_event) = worst_fragmentation(dev);
+            let ratio = dev.worst_fragmentation_ratio;
             if let Some(limit) = budgets.max_fragmentation_ratio {
                 if ratio > limit {
                     violations.push(violation(
                         Budget::MaxFragmentation,
                         Amount::Ratio(ratio),
                         Amount::Ratio(limit),
-                        ratio_at,
-                        ratio_event,
+                        dev.worst_fragmentation_at,
+                        dev.worst_fragmentation_event_index,
                     ));
                 }
             }
             if budgets.fail_on_oom {
-                if let Some(first) = dev.oom.first() {
+                if let Some(first) = dev.first_oom_event_index {
                     violations.push(violation(
                         Budget::FailOnOom,
-                        Amount::Int(dev.oom_events() as i64),
+                        Amount::Int(dev.oom_events as i64),
                         Amount::Int(0),
                         Moment::Oom,
-                        Some(first.event_index),
+                        Some(first),
                     ));
                 }
             }
@@ -136,7 +92,7 @@ pub fn check(report: &Report, budgets: &Budgets) -> CheckReport {
                 peak_requested_bytes: peak,
                 reserved_bytes: reserved,
                 fragmentation_ratio: ratio,
-                oom_events: dev.oom_events(),
+                oom_events: dev.oom_events,
             });
         }
         files.push(CheckedFile {
@@ -177,6 +133,7 @@ pub fn parse_ratio(text: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::SegmentReport;
 
     #[test]
     fn ratios_parse_as_fractions_or_percentages() {

@@ -2,7 +2,7 @@
 //! had to go for the failed request to fit, and whether the devices' peaks are out of balance.
 //! Computed from the device reports, so it says what the per-device sections say, first.
 
-use crate::report::{DeviceReport, FileSummary, Imbalance, OomHeadline};
+use crate::report::{DeviceReport, DeviceRow, FileSummary, Imbalance, OomHeadline};
 
 /// Peaks are flagged as out of balance when the highest device peak is at least this many
 /// times the lowest one …
@@ -26,37 +26,51 @@ pub fn shortfall_bytes(requested: u64, device_free: Option<u64>, largest_free_bl
     requested.saturating_sub(device_free.unwrap_or(0).max(largest_free_block))
 }
 
-/// The headline of one file from its device reports.
-pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
-    let oom: Vec<OomHeadline> = devices
-        .iter()
-        .filter_map(|d| {
-            let o = d.oom.first()?;
-            Some(OomHeadline {
-                device: d.device,
-                oom_events: d.oom_events(),
-                event_index: o.event_index,
-                requested_bytes: o.requested_bytes,
-                phase: o.phase.clone(),
-                call_site: o.call_site.clone(),
-                verdict: o.verdict.clone(),
-                shortfall_bytes: shortfall_bytes(
-                    o.requested_bytes,
-                    o.device_free_bytes,
-                    o.largest_free_block_bytes,
-                ),
-            })
-        })
-        .collect();
+/// What the headline needs of one device: its row of the device table and its first OOM in
+/// brief (kept when the device's report is dropped, in a file of many devices).
+#[derive(Clone, Debug)]
+pub struct DeviceDigest {
+    pub row: DeviceRow,
+    pub first_oom: Option<OomHeadline>,
+}
+
+impl DeviceDigest {
+    pub fn of(d: &DeviceReport, detailed: bool) -> DeviceDigest {
+        let first_oom = d.oom.first().map(|o| OomHeadline {
+            device: d.device,
+            oom_events: d.oom_events(),
+            event_index: o.event_index,
+            requested_bytes: o.requested_bytes,
+            phase: o.phase.clone(),
+            call_site: o.call_site.clone(),
+            verdict: o.verdict.clone(),
+            shortfall_bytes: shortfall_bytes(
+                o.requested_bytes,
+                o.device_free_bytes,
+                o.largest_free_block_bytes,
+            ),
+        });
+        DeviceDigest {
+            row: DeviceRow::of(d, detailed),
+            first_oom,
+        }
+    }
+}
+
+/// The headline of one file from its devices.
+pub fn file_summary(devices: &[DeviceDigest]) -> FileSummary {
+    let oom: Vec<OomHeadline> = devices.iter().filter_map(|d| d.first_oom.clone()).collect();
     let highest = devices
         .iter()
-        .max_by_key(|d| (d.peak.requested_bytes, std::cmp::Reverse(d.device)));
+        .map(|d| &d.row)
+        .max_by_key(|d| (d.peak_requested_bytes, std::cmp::Reverse(d.device)));
     let lowest = devices
         .iter()
-        .min_by_key(|d| (d.peak.requested_bytes, d.device));
+        .map(|d| &d.row)
+        .min_by_key(|d| (d.peak_requested_bytes, d.device));
     let imbalance = match (highest, lowest) {
         (Some(h), Some(l)) if devices.len() > 1 => {
-            let (hp, lp) = (h.peak.requested_bytes, l.peak.requested_bytes.max(0));
+            let (hp, lp) = (h.peak_requested_bytes, l.peak_requested_bytes.max(0));
             let flagged = hp.saturating_sub(lp) >= IMBALANCE_MIN_BYTES
                 && hp as f64 >= IMBALANCE_RATIO * lp as f64;
             flagged.then(|| Imbalance {
@@ -74,7 +88,7 @@ pub fn file_summary(devices: &[DeviceReport]) -> FileSummary {
         devices: devices.len() as u64,
         oom,
         peak_device: highest.map(|d| d.device),
-        peak_requested_bytes: highest.map_or(0, |d| d.peak.requested_bytes),
+        peak_requested_bytes: highest.map_or(0, |d| d.peak_requested_bytes),
         imbalance,
         empty_devices: Vec::new(),
     }
@@ -90,12 +104,12 @@ pub const MOST_OOM_DEVICES_DETAILED: usize = 16;
 /// The devices worth a section when a file has more than [`MANY_DEVICES`]: the first
 /// [`MOST_OOM_DEVICES_DETAILED`] that ran out of memory, the one with the highest peak, and the
 /// outliers of an imbalance (highest and lowest peak). Sorted, each once.
-pub fn interesting_devices(devices: &[DeviceReport], summary: &FileSummary) -> Vec<i64> {
-    let mut out: Vec<i64> = devices
+pub fn interesting_devices(rows: &[DeviceDigest], summary: &FileSummary) -> Vec<i64> {
+    let mut out: Vec<i64> = rows
         .iter()
-        .filter(|d| !d.oom.is_empty())
+        .filter(|d| d.row.oom_events > 0)
         .take(MOST_OOM_DEVICES_DETAILED)
-        .map(|d| d.device)
+        .map(|d| d.row.device)
         .collect();
     out.extend(summary.peak_device);
     if let Some(i) = &summary.imbalance {
@@ -105,16 +119,6 @@ pub fn interesting_devices(devices: &[DeviceReport], summary: &FileSummary) -> V
     out.sort_unstable();
     out.dedup();
     out
-}
-
-/// [`interesting_devices`] when `devices` are more than [`MANY_DEVICES`] and not all are asked
-/// for; `None`: detail every device.
-pub fn detailed_devices(
-    devices: &[DeviceReport],
-    summary: &FileSummary,
-    all: bool,
-) -> Option<Vec<i64>> {
-    (!all && devices.len() > MANY_DEVICES).then(|| interesting_devices(devices, summary))
 }
 
 #[cfg(test)]

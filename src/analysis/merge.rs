@@ -17,6 +17,9 @@ use crate::report::{FileReport, MergeReport, RankRow, Report, Unreadable, SCHEMA
 struct SlimFile {
     path: String,
     devices: Vec<SlimDevice>,
+    /// Every device's row when `devices` has the interesting ones only.
+    #[serde(default)]
+    device_table: Vec<crate::report::DeviceRow>,
 }
 
 #[derive(Deserialize)]
@@ -88,17 +91,23 @@ pub fn read_report_rows(path: &Path) -> Result<Vec<RankRow>, InputError> {
         .map(|f| {
             rank_row(
                 &f.path,
-                f.devices.iter().map(|d| RankDevice {
-                    device: d.device,
-                    peak_requested_bytes: d.peak.requested_bytes,
-                    reserved_at_peak_bytes: d.peak.reserved_bytes,
-                    max_reserved_bytes: RankDevice::max_reserved(
-                        d.peak_reserved.bytes,
-                        d.final_state.reserved_bytes,
-                    ),
-                    final_reserved_bytes: d.final_state.reserved_bytes,
-                    oom: !d.oom.is_empty(),
-                }),
+                f.device_table.iter().map(RankDevice::of_row).chain(
+                    f.devices
+                        .iter()
+                        // With a table, the table has every device.
+                        .filter(|_| f.device_table.is_empty())
+                        .map(|d| RankDevice {
+                            device: d.device,
+                            peak_requested_bytes: d.peak.requested_bytes,
+                            reserved_at_peak_bytes: d.peak.reserved_bytes,
+                            max_reserved_bytes: RankDevice::max_reserved(
+                                d.peak_reserved.bytes,
+                                d.final_state.reserved_bytes,
+                            ),
+                            final_reserved_bytes: d.final_state.reserved_bytes,
+                            oom: !d.oom.is_empty(),
+                        }),
+                ),
             )
         })
         .collect();

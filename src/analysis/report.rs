@@ -37,6 +37,10 @@ pub struct ReportOptions {
     /// complete lists. Capped here, the allocations and segments left out are never described
     /// one by one.
     pub list_limit: Option<usize>,
+    /// A section for every device even in a file of many devices (`--all-devices`); else past
+    /// [`MANY_DEVICES`](super::headline::MANY_DEVICES) only the interesting ones have a report
+    /// and the rest a row of `device_table`.
+    pub all_devices: bool,
 }
 
 impl Default for ReportOptions {
@@ -45,6 +49,7 @@ impl Default for ReportOptions {
             device: None,
             held_open_limit: 50,
             list_limit: None,
+            all_devices: false,
         }
     }
 }
@@ -1169,19 +1174,45 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         // A device with neither segments nor trace has nothing to report: it is named in one
         // line (`summary.empty_devices`), the same way in every file.
         .partition(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some());
-    let devices: Vec<DeviceReport> = devices
-        .par_iter()
-        .map(|&d| device_report(snapshot, d, options))
-        .collect();
+    use super::headline::{file_summary, interesting_devices, DeviceDigest, MANY_DEVICES};
+    let (devices, summary, device_table) = if options.all_devices || devices.len() <= MANY_DEVICES {
+        let devices: Vec<DeviceReport> = devices
+            .par_iter()
+            .map(|&d| device_report(snapshot, d, options))
+            .collect();
+        let digests: Vec<DeviceDigest> =
+            devices.iter().map(|d| DeviceDigest::of(d, true)).collect();
+        (devices, file_summary(&digests), Vec::new())
+    } else {
+        // Many devices: each report is reduced to its digest as soon as it is made, so memory
+        // grows by a row per device, not by a report (a few KB) per device; the devices worth
+        // a section are then reported again.
+        let mut digests: Vec<DeviceDigest> = devices
+            .par_iter()
+            .map(|&d| DeviceDigest::of(&device_report(snapshot, d, options), false))
+            .collect();
+        let summary = file_summary(&digests);
+        let keep = interesting_devices(&digests, &summary);
+        for d in &mut digests {
+            d.row.detailed = keep.binary_search(&d.row.device).is_ok();
+        }
+        let detailed: Vec<DeviceReport> = keep
+            .par_iter()
+            .map(|&d| device_report(snapshot, d, options))
+            .collect();
+        let rows = digests.into_iter().map(|d| d.row).collect();
+        (detailed, summary, rows)
+    };
     FileReport {
         path: loaded.name.clone(),
         stacks_recorded: snapshot.has_stacks(),
         allocator_settings: snapshot.allocator_settings.as_ref().map(|s| s.raw.clone()),
         summary: FileSummary {
             empty_devices: empty,
-            ..super::headline::file_summary(&devices)
+            ..summary
         },
         devices,
+        device_table,
     }
 }
 
@@ -1213,6 +1244,17 @@ pub struct RankDevice {
 }
 
 impl RankDevice {
+    pub fn of_row(d: &DeviceRow) -> RankDevice {
+        RankDevice {
+            device: d.device,
+            peak_requested_bytes: d.peak_requested_bytes,
+            reserved_at_peak_bytes: d.reserved_at_peak_bytes,
+            max_reserved_bytes: d.max_reserved_bytes.max(0) as u64,
+            final_reserved_bytes: d.final_reserved_bytes,
+            oom: d.oom_events > 0,
+        }
+    }
+
     pub fn of(d: &DeviceReport) -> RankDevice {
         RankDevice {
             device: d.device,
@@ -1276,7 +1318,7 @@ pub fn unreadable_row(path: &str, error: &str) -> RankRow {
 pub fn rank_table(files: &[FileReport], unreadable: &[Unreadable], ranks: bool) -> RankTable {
     let mut rows: Vec<RankRow> = files
         .iter()
-        .map(|f| rank_row(&f.path, f.devices.iter().map(RankDevice::of)))
+        .map(|f| rank_row(&f.path, f.rows().iter().map(RankDevice::of_row)))
         .collect();
     rows.extend(unreadable.iter().map(|u| unreadable_row(&u.path, &u.error)));
     rank_table_from_rows(rows, ranks)

@@ -964,18 +964,10 @@ pub fn brief(report: &Report) -> String {
 fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
     let mut blocks = rank_blocks(report);
     for file in &report.files {
-        let detailed = crate::analysis::headline::detailed_devices(
-            &file.devices,
-            &file.summary,
-            view.all_devices,
-        );
-        if let Some(keep) = detailed {
-            blocks.extend(many_devices_blocks(file, &keep));
-            for dev in file
-                .devices
-                .iter()
-                .filter(|d| keep.binary_search(&d.device).is_ok())
-            {
+        // A file of many devices: a table of every device, then the detailed ones.
+        if !file.device_table.is_empty() {
+            blocks.extend(many_devices_blocks(file));
+            for dev in &file.devices {
                 blocks.extend(device_blocks(file, dev, view));
             }
             continue;
@@ -1037,8 +1029,8 @@ impl Block {
 
 /// The head of a file with more than `analysis::headline::MANY_DEVICES` devices: how many ran
 /// out of memory, a table of every device (peak, OOMs, reserved, what marks it) and which are
-/// detailed below (`keep`, sorted); the devices with nothing recorded in one line.
-fn many_devices_blocks(file: &FileReport, keep: &[i64]) -> Vec<Block> {
+/// detailed below (those in `file.devices`); the devices with nothing recorded in one line.
+fn many_devices_blocks(file: &FileReport) -> Vec<Block> {
     let sum = &file.summary;
     let mut out = vec![Block::Heading(format!(
         "{} — {} devices",
@@ -1071,7 +1063,7 @@ fn many_devices_blocks(file: &FileReport, keep: &[i64]) -> Vec<Block> {
             i.rule
         )));
     }
-    let listed: Vec<String> = keep.iter().map(|d| d.to_string()).collect();
+    let listed: Vec<String> = file.devices.iter().map(|d| d.device.to_string()).collect();
     out.push(Block::Para(format!(
         "More devices than one can read through: each is one row below, and only devices {} \
          (the first with an OOM, the highest peak, the outliers) have a section; \
@@ -1083,7 +1075,7 @@ fn many_devices_blocks(file: &FileReport, keep: &[i64]) -> Vec<Block> {
         .as_ref()
         .map(|i| (i.highest_device, i.lowest_device));
     let rows = file
-        .devices
+        .device_table
         .iter()
         .map(|d| {
             let mut marks = Vec::new();
@@ -1095,23 +1087,20 @@ fn many_devices_blocks(file: &FileReport, keep: &[i64]) -> Vec<Block> {
                 Some((_, l)) if l == d.device => marks.push("outlier (low)"),
                 _ => {}
             }
-            if keep.binary_search(&d.device).is_ok() {
+            if d.detailed {
                 marks.push("detailed below");
             }
             vec![
                 d.device.to_string(),
-                bytes(d.peak.requested_bytes),
-                d.oom_events().to_string(),
-                format_bytes(crate::analysis::report::RankDevice::max_reserved(
-                    d.peak_reserved.bytes,
-                    d.final_state.reserved_bytes,
-                )),
+                bytes(d.peak_requested_bytes),
+                d.oom_events.to_string(),
+                format_bytes(d.max_reserved_bytes.max(0) as u64),
                 marks.join(", "),
             ]
         })
         .collect();
     out.push(Block::Table {
-        title: format!("Devices ({})", file.devices.len()),
+        title: format!("Devices ({})", file.device_table.len()),
         header: vec!["device", "peak", "OOMs", "reserved", ""],
         right: vec![true, true, true, true, false],
         rows,

@@ -103,11 +103,122 @@ pub struct FileReport {
     pub path: String,
     pub stacks_recorded: bool,
     pub allocator_settings: Option<serde_json::Value>,
+    /// The devices with a section: every device, or, when the file has more than
+    /// `analysis::headline::MANY_DEVICES` (and `--all-devices` is not given), the interesting
+    /// ones only (the first with an OOM, the highest peak, the outliers); `device_table` then
+    /// has a row for every device.
     pub devices: Vec<DeviceReport>,
     /// The file-level headline: OOM devices, the peak device, imbalance. Absent in reports
     /// written before it existed.
     #[serde(default)]
     pub summary: FileSummary,
+    /// One row per device, only when `devices` leaves some out (a file of many devices): the
+    /// other devices' reports are made, reduced to this row and dropped, so that memory does
+    /// not grow by a whole report per device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_table: Vec<DeviceRow>,
+}
+
+impl FileReport {
+    /// A row per device: `device_table`, or the rows of `devices` when every device is there.
+    pub fn rows(&self) -> std::borrow::Cow<'_, [DeviceRow]> {
+        if self.device_table.is_empty() {
+            self.devices
+                .iter()
+                .map(|d| DeviceRow::of(d, true))
+                .collect()
+        } else {
+            std::borrow::Cow::Borrowed(&self.device_table)
+        }
+    }
+}
+
+/// The figures of one device that the device table, the budgets (`check`) and the cross-file
+/// table need.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeviceRow {
+    pub device: i64,
+    /// `peak.requested_bytes` and `peak.event_index` of the device's report.
+    pub peak_requested_bytes: i64,
+    pub peak_event_index: Option<u32>,
+    /// Reserved bytes at that peak.
+    pub reserved_at_peak_bytes: i64,
+    /// The highest reserved bytes: the trace's reserved peak, or the dump's reserved bytes
+    /// where they are higher (`reserved_at`: `peak` or `end`).
+    pub max_reserved_bytes: i64,
+    pub max_reserved_at: Moment,
+    pub max_reserved_event_index: Option<u32>,
+    /// Reserved bytes at the dump.
+    pub final_reserved_bytes: u64,
+    pub oom_events: u64,
+    pub first_oom_event_index: Option<u32>,
+    /// The worst fragmentation ratio of the peak and the detailed OOMs, where and when.
+    pub worst_fragmentation_ratio: f64,
+    pub worst_fragmentation_at: Moment,
+    pub worst_fragmentation_event_index: Option<u32>,
+    /// Whether the device has a section (is in `devices`).
+    pub detailed: bool,
+}
+
+impl DeviceRow {
+    pub fn of(dev: &DeviceReport, detailed: bool) -> DeviceRow {
+        let at_end = i64::try_from(dev.final_state.reserved_bytes).unwrap_or(i64::MAX);
+        let (max_reserved_bytes, max_reserved_at, max_reserved_event_index) =
+            if at_end > dev.peak_reserved.bytes {
+                (at_end, Moment::End, None)
+            } else {
+                (
+                    dev.peak_reserved.bytes,
+                    Moment::Peak,
+                    dev.peak_reserved.event_index,
+                )
+            };
+        let mut worst = (
+            dev.fragmentation_at_peak.fragmentation_ratio,
+            Moment::Peak,
+            dev.peak.event_index,
+        );
+        for o in &dev.oom {
+            let r = fragmentation_ratio(&o.segments);
+            if r > worst.0 {
+                worst = (r, Moment::Oom, Some(o.event_index));
+            }
+        }
+        DeviceRow {
+            device: dev.device,
+            peak_requested_bytes: dev.peak.requested_bytes,
+            peak_event_index: dev.peak.event_index,
+            reserved_at_peak_bytes: dev.peak.reserved_bytes,
+            max_reserved_bytes,
+            max_reserved_at,
+            max_reserved_event_index,
+            final_reserved_bytes: dev.final_state.reserved_bytes,
+            oom_events: dev.oom_events(),
+            first_oom_event_index: dev.oom.first().map(|o| o.event_index),
+            worst_fragmentation_ratio: worst.0,
+            worst_fragmentation_at: worst.1,
+            worst_fragmentation_event_index: worst.2,
+            detailed,
+        }
+    }
+}
+
+/// The fragmentation ratio of a segment layout (the same formula as `fragmentation_at_peak`):
+/// `1 − largest free hole / free bytes`, 0 when nothing is free.
+pub fn fragmentation_ratio(segments: &[SegmentReport]) -> f64 {
+    let free = segments
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.free_bytes));
+    let largest = segments
+        .iter()
+        .map(|s| s.largest_hole_bytes)
+        .max()
+        .unwrap_or(0);
+    if free > 0 {
+        1.0 - largest as f64 / free as f64
+    } else {
+        0.0
+    }
 }
 
 /// What the first lines of a file's report say (`analysis::headline`).

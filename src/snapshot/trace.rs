@@ -111,24 +111,45 @@ pub struct Core {
 pub(crate) struct Part {
     pub rows: Vec<Row>,
     pub metas: Vec<Meta>,
-    meta_index: FxHashMap<Meta, u32>,
-    /// The last metadata id used per action, as `id + 1` (0: none yet): entries alternate
-    /// between a few actions, each mostly with one metadata.
-    recent_meta: [u32; 16],
+    /// Lookups used while entries are pushed; dropped at [`seal`](Self::seal).
+    building: Option<Box<Building>>,
     /// (first row, time) of each time base, rows ascending: a row's time is an offset from the
     /// last base at or before it. A new base starts where the time jumps further than 24 bits
     /// of microseconds (16.7 s) reach, as after a pause in the run.
     time_bases: Vec<(u32, i64)>,
-    /// (row, value), rows ascending.
+    /// Where the addresses' window starts: 2^47 below the part's first address.
+    addr_base: Option<u64>,
+    /// What does not fit a row; absent in most parts (a file of many devices has a part per
+    /// device, so an empty part must be small).
+    sides: Option<Box<Sides>>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Building {
+    meta_index: FxHashMap<Meta, u32>,
+    /// The last metadata id used per action, as `id + 1` (0: none yet): entries alternate
+    /// between a few actions, each mostly with one metadata.
+    recent_meta: [u32; 16],
+}
+
+/// The side tables of a part, each of (row, value) with rows ascending.
+#[derive(Clone, Debug, Default)]
+struct Sides {
     wide_times: Vec<(u32, i64)>,
     wide_stacks: Vec<(u32, u32)>,
     wide_sizes: Vec<(u32, u64)>,
-    /// Where the addresses' window starts: 2^47 below the part's first address.
-    addr_base: Option<u64>,
-    /// (row, (address, metadata id)) of rows whose address or id does not fit `addr_meta`.
+    /// Rows whose address or metadata id does not fit `addr_meta`: (address, metadata id).
     wide_addrs: Vec<(u32, (u64, u32))>,
     device_free: Vec<(u32, u64)>,
 }
+
+static NO_SIDES: Sides = Sides {
+    wide_times: Vec::new(),
+    wide_stacks: Vec::new(),
+    wide_sizes: Vec::new(),
+    wide_addrs: Vec::new(),
+    device_free: Vec::new(),
+};
 
 /// A row's value in a side table (rare: kept out of the readers' inlined paths).
 #[cold]
@@ -153,6 +174,14 @@ impl Part {
         self.rows.len()
     }
 
+    fn sides(&self) -> &Sides {
+        self.sides.as_deref().unwrap_or(&NO_SIDES)
+    }
+
+    fn sides_mut(&mut self) -> &mut Sides {
+        self.sides.get_or_insert_with(Box::default)
+    }
+
     pub fn push(&mut self, e: &TraceEntry) {
         let row = self.rows.len() as u32;
         let meta = Meta {
@@ -165,12 +194,12 @@ impl Part {
         };
         let meta = self.meta_id(meta);
         if let Some(v) = e.device_free {
-            self.device_free.push((row, v));
+            self.sides_mut().device_free.push((row, v));
         }
         let size = match u32::try_from(e.size) {
             Ok(s) if s != WIDE_SIZE => s,
             _ => {
-                self.wide_sizes.push((row, e.size));
+                self.sides_mut().wide_sizes.push((row, e.size));
                 WIDE_SIZE
             }
         };
@@ -183,26 +212,31 @@ impl Part {
         let addr_meta = if fits && u64::from(meta) < WIDE_META {
             offset >> ADDR_UNIT_BITS | u64::from(meta) << META_SHIFT
         } else {
-            self.wide_addrs.push((row, (e.addr, meta)));
+            self.sides_mut().wide_addrs.push((row, (e.addr, meta)));
             WIDE_META << META_SHIFT
         };
-        let stack = stack_code(e.frames.0, row, &mut self.wide_stacks);
+        let stack = if e.frames.0 < WIDE_STACK {
+            e.frames.0
+        } else {
+            stack_code(e.frames.0, row, &mut self.sides_mut().wide_stacks)
+        };
         self.rows.push(Row::new(addr_meta, size, stack, time));
     }
 
     pub fn meta_id(&mut self, meta: Meta) -> u32 {
-        let recent = &mut self.recent_meta[meta.action as usize % 16];
+        let building = self.building.get_or_insert_with(Box::default);
+        let recent = &mut building.recent_meta[meta.action as usize % 16];
         if let Some(id) = recent.checked_sub(1) {
             if self.metas[id as usize] == meta {
                 return id;
             }
         }
-        let id = match self.meta_index.get(&meta) {
+        let id = match building.meta_index.get(&meta) {
             Some(&id) => id,
             None => {
                 let id = self.metas.len() as u32;
                 self.metas.push(meta);
-                self.meta_index.insert(meta, id);
+                building.meta_index.insert(meta, id);
                 id
             }
         };
@@ -226,7 +260,7 @@ impl Part {
             }
             // Earlier than the base (clocks are not always monotonic).
             _ => {
-                self.wide_times.push((row, t));
+                self.sides_mut().wide_times.push((row, t));
                 WIDE_TIME
             }
         }
@@ -244,7 +278,7 @@ impl Part {
             size: self.size(i),
             stream: m.stream,
             device_free: if m.has_device_free {
-                side(&self.device_free, row)
+                side(&self.sides().device_free, row)
             } else {
                 None
             },
@@ -260,7 +294,7 @@ impl Part {
     pub fn time_us(&self, i: usize) -> Option<i64> {
         match self.rows[i].time_code() {
             NO_TIME => None,
-            WIDE_TIME => side(&self.wide_times, i as u32),
+            WIDE_TIME => side(&self.sides().wide_times, i as u32),
             d => Some(self.time_base(i).saturating_add(i64::from(d))),
         }
     }
@@ -282,7 +316,7 @@ impl Part {
     #[inline(always)]
     pub fn stack(&self, i: usize) -> u32 {
         match self.rows[i].stack_code() {
-            WIDE_STACK => side(&self.wide_stacks, i as u32).unwrap_or(0),
+            WIDE_STACK => side(&self.sides().wide_stacks, i as u32).unwrap_or(0),
             s => s,
         }
     }
@@ -307,7 +341,7 @@ impl Part {
         let v = self.rows[i].addr_meta;
         let base = self.addr_base.unwrap_or(0);
         match v >> META_SHIFT & WIDE_META {
-            WIDE_META => side(&self.wide_addrs, i as u32).unwrap_or((base, 0)),
+            WIDE_META => side(&self.sides().wide_addrs, i as u32).unwrap_or((base, 0)),
             meta => (
                 base.wrapping_add((v & ADDR_CODE_MASK) << ADDR_UNIT_BITS),
                 meta as u32,
@@ -319,14 +353,14 @@ impl Part {
     #[inline(always)]
     fn size(&self, i: usize) -> u64 {
         match self.rows[i].size {
-            WIDE_SIZE => side(&self.wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE)),
+            WIDE_SIZE => side(&self.sides().wide_sizes, i as u32).unwrap_or(u64::from(WIDE_SIZE)),
             s => u64::from(s),
         }
     }
 
     /// Drops the lookup index once the part is complete.
     pub fn seal(&mut self) {
-        self.meta_index = FxHashMap::default();
+        self.building = None;
         self.rows.shrink_to_fit();
         self.metas.shrink_to_fit();
     }
@@ -338,7 +372,9 @@ impl Part {
             let code = stack_code(stack(self.stack(i)), i as u32, &mut wide);
             self.rows[i].set_stack_code(code);
         }
-        self.wide_stacks = wide;
+        if !wide.is_empty() || self.sides.is_some() {
+            self.sides_mut().wide_stacks = wide;
+        }
         for m in &mut self.metas {
             m.action_text = m.action_text.map(&text);
             m.user_metadata = m.user_metadata.map(&text);
@@ -349,13 +385,13 @@ impl Part {
     pub fn heap_bytes(&self) -> usize {
         self.rows.capacity() * std::mem::size_of::<Row>()
             + self.metas.capacity() * std::mem::size_of::<Meta>()
-            + (self.wide_times.capacity()
-                + self.wide_sizes.capacity()
-                + self.device_free.capacity()
+            + (self.sides().wide_times.capacity()
+                + self.sides().wide_sizes.capacity()
+                + self.sides().device_free.capacity()
                 + self.time_bases.capacity())
                 * 16
-            + self.wide_stacks.capacity() * 8
-            + self.wide_addrs.capacity() * std::mem::size_of::<(u32, (u64, u32))>()
+            + self.sides().wide_stacks.capacity() * 8
+            + self.sides().wide_addrs.capacity() * std::mem::size_of::<(u32, (u64, u32))>()
     }
 }
 
@@ -406,6 +442,8 @@ impl Trace {
             return;
         }
         let n = rows.len();
+        // Most traces are one slice (many devices: a trace each).
+        self.slices.reserve_exact(1);
         self.slices.push(Slice {
             part,
             rows,
@@ -765,8 +803,8 @@ mod tests {
         assert_eq!(back, entries);
         // Ids from 2^24 - 1 on, and the times before the first base, are the only side entries
         // of their kind; the pauses start new bases.
-        assert_eq!(part.wide_stacks.len(), 80);
-        assert_eq!(part.wide_times.len(), 5);
+        assert_eq!(part.sides().wide_stacks.len(), 80);
+        assert_eq!(part.sides().wide_times.len(), 5);
         assert!(part.time_bases.len() >= 3, "{:?}", part.time_bases);
         // Remapped ids cross the 24-bit line both ways.
         part.remap(|s| if s >= 1 << 24 { 3 } else { s + (1 << 24) }, |t| t);
