@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 secs="${1:-600}"
 [ -d fuzz/corpus/pickle_parse ] || fuzz/seed.sh
 export RUSTC_BOOTSTRAP=1
-for target in pickle_parse snapshot_report json_report parallel_reader; do
+for target in pickle_parse snapshot_report json_report parallel_reader compressed_report; do
     mkdir -p "fuzz/artifacts/$target"
     cargo fuzz run -s none -a "$target" "fuzz/corpus/$target" -- \
         -dict=fuzz/snapshot.dict -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 \

@@ -9,9 +9,10 @@ Needs torch with CUDA and the snapscan wheel installed in the same environment:
 1. trains a tiny model for a few steps inside `snapscan.torch.record()` and checks that the
    snapshot exists and that `snapscan.report()` finds the training's peak in it;
 2. installs `snapscan.torch.on_oom()` and allocates more than the device holds: checks that
-   torch's OutOfMemoryError still reaches the caller, that `oom_rank{RANK}_{pid}.pickle` was
-   written, that the report printed to stderr names the OOM, and that `snapscan.report()` of
-   the dump lists it.
+   torch's OutOfMemoryError still reaches the caller, that `oom_rank{RANK}_{pid}_1.pickle` was
+   written, that the report printed to stderr (by a thread, after the observer) names the
+   OOM, and that `snapscan.report()` of the dump lists it; prints the observer's time and the
+   snapshot's size.
 
 Prints what it checked; exit status 0 when everything held, 1 otherwise.
 """
@@ -24,6 +25,7 @@ import io
 import os
 import sys
 import tempfile
+import time
 
 
 def main() -> int:
@@ -79,16 +81,25 @@ def main() -> int:
     stderr = io.StringIO()
     raised = None
     with contextlib.redirect_stderr(stderr):
+        t = time.monotonic()
         try:
             torch.empty(int(total) * 2, dtype=torch.uint8, device=device)
         except torch.cuda.OutOfMemoryError as e:
             raised = e
+        # What the OOM cost the failing call: the observer, which writes the snapshot.
+        observer_s = time.monotonic() - t
+        # The report is printed by a thread after the observer returned.
+        reported = hook.wait(120)
     log = stderr.getvalue()
     sys.stderr.write(log)
     check(raised is not None, "torch.cuda.OutOfMemoryError reached the caller: "
           + (str(raised).splitlines()[0] if raised else "nothing was raised"))
-    expected = os.path.join(out_dir, f"oom_rank{st.rank()}_{os.getpid()}.pickle")
+    expected = os.path.join(out_dir, f"oom_rank{st.rank()}_{os.getpid()}_1.pickle")
     check(os.path.isfile(expected), f"on_oom() wrote {expected}")
+    check(reported, "the report finished")
+    if os.path.isfile(expected):
+        print(f"the observer took {observer_s:.3f} s; the snapshot is "
+              f"{os.path.getsize(expected):,} bytes")
     check("OUT OF MEMORY" in log, "the report on stderr names the OOM")
     check(hook.paths == [expected], f"hook.paths == {hook.paths}")
     if os.path.isfile(expected):

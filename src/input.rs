@@ -536,13 +536,42 @@ pub fn read_input_salvage(
         }
     };
     progress.note_size(raw.len() as u64);
+    Ok(match decompress_bytes(&name, &raw, progress, salvage)? {
+        None => (raw, Compression::None, None),
+        Some(d) => (InputBytes::Owned(d.bytes), d.compression, d.note),
+    })
+}
+
+/// What [`decompress_bytes`] made of a gzip or zstd input.
+#[derive(Debug)]
+pub struct Decompressed {
+    pub bytes: Vec<u8>,
+    pub compression: Compression,
+    /// With `salvage`, for a stream cut short or corrupt: what was wrong and what was kept.
+    pub note: Option<String>,
+}
+
+/// Undoes the gzip or zstd compression of an input's bytes (`raw`, named `name` in messages),
+/// detected by magic bytes, as [`read_input_salvage`] does for a file: the same cap on the
+/// decompressed size, gzip members one after another, zstd frames and skippable frames.
+/// `None` when `raw` is not compressed.
+pub fn decompress_bytes(
+    name: &str,
+    raw: &[u8],
+    progress: &mut Loading,
+    salvage: bool,
+) -> Result<Option<Decompressed>, InputError> {
+    let format_err = |message: String| InputError::Format {
+        path: name.to_owned(),
+        message,
+    };
     let decoded = std::cell::Cell::new(0u64);
     let compression = if raw.starts_with(GZIP_MAGIC) {
         Compression::Gzip
-    } else if raw.starts_with(ZSTD_MAGIC) || is_zstd_skippable(&raw) {
+    } else if raw.starts_with(ZSTD_MAGIC) || is_zstd_skippable(raw) {
         Compression::Zstd
     } else {
-        return Ok((raw, Compression::None, None));
+        return Ok(None);
     };
     let what = match compression {
         Compression::Gzip => "gzip",
@@ -556,17 +585,17 @@ pub fn read_input_salvage(
     let result = match compression {
         Compression::Gzip => decompress(
             |r| Ok(GzMembers::new(r, &trailing)),
-            &raw,
+            raw,
             progress,
             &decoded,
             cap.bytes,
             &over,
         ),
-        _ => match zstd_at_once(&raw, progress, cap.bytes) {
+        _ => match zstd_at_once(raw, progress, cap.bytes) {
             Some(out) => Ok(out),
             None => decompress(
                 |r| zstd::stream::read::Decoder::new(r).map_err(|e| e.to_string()),
-                &raw,
+                raw,
                 progress,
                 &decoded,
                 cap.bytes,
@@ -584,7 +613,7 @@ pub fn read_input_salvage(
         // A zstd decoder keeps its last window (up to megabytes) until the frame ends, so
         // a cut frame is closed after its last complete block and decoded again.
         Err((e, partial)) if salvage && compression == Compression::Zstd => {
-            let closed = zstd_complete_blocks(&raw).and_then(|frame| {
+            let closed = zstd_complete_blocks(raw).and_then(|frame| {
                 let cell = std::cell::Cell::new(0u64);
                 let mut hidden = Loading::hidden();
                 let over = std::cell::Cell::new(false);
@@ -637,13 +666,17 @@ pub fn read_input_salvage(
     if trailing.get() > 0 {
         eprintln!(
             "snapscan: warning: {}: {} bytes after the end of the gzip data were ignored (as gzip -d ignores them)",
-            crate::render::safe::term(&name),
+            crate::render::safe::term(name),
             trailing.get()
         );
     }
     // The phases after this one work on the decompressed bytes.
     progress.note_size(out.len() as u64);
-    Ok((InputBytes::Owned(out), compression, note))
+    Ok(Some(Decompressed {
+        bytes: out,
+        compression,
+        note,
+    }))
 }
 
 enum OpenError {

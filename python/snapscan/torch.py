@@ -6,7 +6,7 @@ torch is imported only when one of these functions runs, so ``import snapscan.to
 
     import snapscan.torch
 
-    snapscan.torch.on_oom()          # one line: an OOM dumps oom_rank{RANK}_{pid}.pickle
+    snapscan.torch.on_oom()          # one line: an OOM dumps oom_rank{RANK}_{pid}_{n}.pickle
                                      # and prints snapscan's report of it to stderr
 
     with snapscan.torch.record("snapshot.pickle"):
@@ -29,12 +29,19 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    import threading
     from types import TracebackType
-    from typing import Any, List, Optional, Type
+    from typing import Any, Deque, List, Optional, Type
 
 __all__ = ["rank", "snapshot_path", "record", "Recording", "on_oom", "OomHook", "dump"]
 
 DEFAULT_MAX_ENTRIES = 100_000
+#: seconds the report of an OOM snapshot may take (it runs in the background, see on_oom)
+DEFAULT_OOM_TIMEOUT = 10.0
+#: snapshots one process writes at OOMs before it stops writing them
+DEFAULT_MAX_FILES = 5
+#: reports of OOM snapshots running or waiting at once; the next ones are skipped
+DEFAULT_MAX_REPORTS = 2
 
 
 def _torch() -> Any:
@@ -234,20 +241,62 @@ class OomHook:
         self.dir = "."
         self.report = True
         self.history = True
-        self.timeout: float | None = 120.0
+        self.timeout: float | None = DEFAULT_OOM_TIMEOUT
+        #: snapshots written at most (``None``: no limit); later OOMs are counted only
+        self.max_files: int | None = DEFAULT_MAX_FILES
+        #: reports running or waiting at most; an OOM beyond them gets no report, only its file
+        self.max_reports = DEFAULT_MAX_REPORTS
         #: False after :meth:`disable`: the observer stays attached but does nothing.
         self.enabled = True
         #: snapshots written at OOMs so far
         self.paths: List[str] = []
+        #: OOMs seen while enabled
+        self.ooms = 0
+        #: OOMs that wrote no snapshot because ``max_files`` were written already
+        self.skipped_files = 0
+        #: snapshots written but not reported because ``max_reports`` were running or waiting
+        self.skipped_reports = 0
+        # Snapshot files tried so far: the n of the next file name is this plus one.
+        self._tried = 0
+        # The process the counts and the report thread belong to (a forked child starts anew).
+        self._pid = os.getpid()
+        self._lock: threading.Lock | None = None
+        # The reports to print, the one running first, and the thread printing them.
+        self._pending: Deque[str] | None = None
+        self._worker: threading.Thread | None = None
 
     @property
     def path(self) -> str:
-        """The file the next OOM writes: ``{dir}/oom_rank{RANK}_{pid}.pickle``."""
-        return os.path.join(self.dir, f"oom_rank{rank()}_{os.getpid()}.pickle")
+        """The file the next OOM writes: ``{dir}/oom_rank{RANK}_{pid}_{n}.pickle``.
+
+        ``n`` counts this process's OOM snapshots from 1, so no OOM overwrites another's file.
+        """
+        return self._path(self._tried + 1)
+
+    def _path(self, n: int) -> str:
+        return os.path.join(self.dir, f"oom_rank{rank()}_{os.getpid()}_{n}.pickle")
 
     def disable(self) -> None:
         """Stop dumping and reporting at OOMs (the observer cannot be detached from torch)."""
         self.enabled = False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the reports started so far have been printed; False if some still run.
+
+        Never needed at exit: the interpreter waits for them (each at most ``timeout``
+        seconds of :func:`on_oom`).
+        """
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            worker = self._worker
+            if worker is None or not worker.is_alive():
+                return True
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            worker.join(left)
 
     def __call__(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
         # Called by the caching allocator after a failed allocation, before it raises
@@ -261,19 +310,103 @@ class OomHook:
     def _handle(self, device: int, alloc: int, device_total: int, device_free: int) -> None:
         if not self.enabled:
             return
-        path = self.path
-        _warn(f"CUDA out of memory on rank {rank()} (device {device}: {_size(alloc)} requested, "
-              f"{_size(device_free)} free of {_size(device_total)}); writing {path}")
+        if self._lock is None or self._pid != os.getpid():
+            self._fresh_process()
+        what = (f"CUDA out of memory on rank {rank()} (device {device}: {_size(alloc)} "
+                f"requested, {_size(device_free)} free of {_size(device_total)})")
+        with self._lock:
+            self.ooms += 1
+            full = self.max_files is not None and self._tried >= self.max_files
+            if full:
+                self.skipped_files += 1
+                first_skipped = self.skipped_files == 1
+            else:
+                self._tried += 1
+                path = self._path(self._tried)
+        if full:
+            # One line when it stops, not one per OOM: a retry loop may run out of memory
+            # a thousand times.
+            if first_skipped:
+                _warn(f"{what}; no snapshot written: this process has made its "
+                      f"max_files={self.max_files} snapshots already, and its later OOMs are "
+                      "not written or reported either")
+            return
+        _warn(f"{what}; writing {path}")
         try:
             if self.dir:
                 os.makedirs(self.dir, exist_ok=True)
+            # The snapshot must be taken here, while the allocator's state is the OOM's.
             _torch().cuda.memory._dump_snapshot(path)
         except BaseException as e:  # noqa: BLE001
             _warn(f"could not write {path} ({type(e).__name__}: {e})")
             return
         self.paths.append(path)
         if self.report:
-            _print_report(path, self.timeout)
+            self._queue_report(path)
+
+    def _fresh_process(self) -> None:
+        """New counts, lock and report queue: the first OOM, or the first in a forked child,
+        which has its parent's counts but not its report thread (and maybe a held lock)."""
+        import collections
+        import threading
+
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self.paths = []
+            self.ooms = self.skipped_files = self.skipped_reports = self._tried = 0
+        self._lock = threading.Lock()
+        self._pending = collections.deque()
+        self._worker = None
+
+    def _queue_report(self, path: str) -> None:
+        """Has the report printed after the observer returns, by a thread of its own.
+
+        The allocator is waiting for the observer to raise its error (and a retry loop for
+        that error to retry), so the report, a run of the binary, is not made here. The
+        thread is not a daemon: at exit the interpreter waits for it to print.
+        """
+        import threading
+
+        assert self._lock is not None and self._pending is not None
+        with self._lock:
+            if len(self._pending) >= self.max_reports:
+                self.skipped_reports += 1
+                skipped, running = self.skipped_reports, len(self._pending)
+            else:
+                skipped = 0
+                self._pending.append(path)
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._print_reports, name="snapscan-oom-report", daemon=False)
+                    # Started under the lock, so no other OOM sees a thread not yet running
+                    # (the thread's first step waits for the lock).
+                    self._worker.start()
+        if skipped:
+            _warn(f"{path} is not reported: {running} reports are still running or waiting "
+                  f"(max_reports={self.max_reports}; {skipped} skipped so far); "
+                  f"run `snapscan report {path}`")
+
+    def _print_reports(self) -> None:
+        """The reports, one after the other, until none is left."""
+        assert self._lock is not None and self._pending is not None
+        pending = self._pending
+        try:
+            while True:
+                with self._lock:
+                    if not pending:
+                        self._worker = None
+                        return
+                    path = pending[0]
+                try:
+                    _print_report(path, self.timeout)
+                finally:
+                    with self._lock:
+                        pending.popleft()
+        except BaseException as e:  # noqa: BLE001 - a thread's error would only be printed
+            with self._lock:
+                pending.clear()
+                self._worker = None
+            _warn(f"the out-of-memory report failed ({type(e).__name__}: {e})")
 
 
 def _size(n: Any) -> str:
@@ -293,7 +426,9 @@ _hook: OomHook | None = None
 
 def on_oom(dir: str | os.PathLike[str] = ".", report: bool = True, *, history: bool = True,
            max_entries: int = DEFAULT_MAX_ENTRIES, stacks: str = "python",
-           timeout: float | None = 120.0) -> OomHook:
+           timeout: float | None = DEFAULT_OOM_TIMEOUT,
+           max_files: int | None = DEFAULT_MAX_FILES,
+           max_reports: int = DEFAULT_MAX_REPORTS) -> OomHook:
     """When CUDA runs out of memory, write the snapshot and print why to stderr.
 
     ::
@@ -303,10 +438,22 @@ def on_oom(dir: str | os.PathLike[str] = ".", report: bool = True, *, history: b
 
     Attaches an observer to the caching allocator
     (``torch._C._cuda_attach_out_of_memory_observer``). At an OOM it writes
-    ``{dir}/oom_rank{RANK}_{pid}.pickle`` and, with ``report``, prints snapscan's text report of
-    it (the verdict, what filled the memory, what to change first) to stderr, so the failed run's
-    log says why it failed. Then torch raises its ``OutOfMemoryError`` as always: the hook never
-    replaces it, and a failing dump or report is a warning line.
+    ``{dir}/oom_rank{RANK}_{pid}_{n}.pickle``, where ``n`` counts the process's OOM snapshots
+    from 1 (a second OOM never overwrites the first's file), and returns: torch raises its
+    ``OutOfMemoryError`` as always. The hook never replaces that error, and a failing dump or
+    report is a warning line.
+
+    With ``report``, snapscan's text report of the snapshot (the verdict, what filled the
+    memory, what to change first) is printed to stderr by a background thread, after the
+    observer has returned, so the failed run's log says why it failed (after torch's traceback
+    when the error ends the run: the interpreter waits for the report before it exits). Only
+    the dump runs inside the observer: it must, the allocator's state is the OOM's only there.
+
+    A loop that catches OOMs and retries (a batch-size finder) is not stalled by reports and
+    does not fill the disk: after ``max_files`` snapshots the process writes no more (one
+    warning line says so; :attr:`OomHook.skipped_files` counts the OOMs after it), and while
+    ``max_reports`` reports are running or waiting, a new snapshot gets a warning line naming it
+    instead of a report (:attr:`OomHook.skipped_reports`).
 
     Args:
         dir: directory for the snapshots (created when needed).
@@ -316,10 +463,13 @@ def on_oom(dir: str | os.PathLike[str] = ".", report: bool = True, *, history: b
             only the final state. It costs a few microseconds per allocation.
         max_entries: trace entries kept when recording.
         stacks: ``"python"`` or ``"all"``.
-        timeout: seconds the report may take.
+        timeout: seconds one report may take (the binary is stopped then, with a warning).
+        max_files: snapshots one process writes at most (``None``: no limit).
+        max_reports: reports running or waiting at once, at most (0: none).
 
     Returns the process's :class:`OomHook`; calling ``on_oom`` again reconfigures it rather
-    than attaching a second observer. Without CUDA it warns and does nothing.
+    than attaching a second observer (its count of files goes on). Without CUDA it warns and
+    does nothing.
     """
     global _hook
     hook = _hook if _hook is not None else OomHook()
@@ -327,6 +477,8 @@ def on_oom(dir: str | os.PathLike[str] = ".", report: bool = True, *, history: b
     hook.report = report
     hook.history = history
     hook.timeout = timeout
+    hook.max_files = max_files
+    hook.max_reports = max_reports
     hook.enabled = True
     if not _cuda_ready("on_oom()"):
         return hook

@@ -113,7 +113,9 @@ pub(crate) fn segment_sums(
     active: Option<u64>,
     requested: Option<u64>,
 ) -> (u64, u64, u64) {
-    let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).sum::<u64>();
+    // Saturating: the blocks of a corrupt file can claim more than 2^64 bytes together, and
+    // the figure is then implausible anyway (the quality checks say so).
+    let sum = |f: &dyn Fn(&Block) -> u64| blocks.iter().map(f).fold(0, u64::saturating_add);
     let allocated = allocated.unwrap_or_else(|| {
         sum(&|b| match b.state {
             BlockState::ActiveAllocated => b.size,

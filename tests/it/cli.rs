@@ -447,3 +447,71 @@ fn default_json_reports_are_capped_and_full_keeps_everything() {
         "no real fixture has more than 100 live allocations"
     );
 }
+
+/// `input::decompress_bytes`, which the file reader runs on a file's bytes (and the fuzz target
+/// `compressed_report` on its input), gives what the file reader gives: gzip, gzip members one
+/// after another, zstd and a zstd frame after a skippable frame decompress to the pickle;
+/// a plain pickle is `None`; a cut stream is an error naming the input, and with salvage the
+/// part before the cut with a note saying so.
+#[test]
+fn decompress_bytes_gives_what_the_file_reader_gives() {
+    use snapscan::input::{self, Compression};
+    use snapscan::progress::Loading;
+
+    // Big enough for several zstd blocks (at most 128 KiB each), so a cut keeps some whole.
+    let plain = std::fs::read(common::fixture("synth/train.pickle")).unwrap();
+    let gzip = |b: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut e, b).unwrap();
+        e.finish().unwrap()
+    };
+    let zst = zstd::bulk::compress(&plain, 3).unwrap();
+    let mut members = gzip(&plain[..1000]);
+    members.extend(gzip(&plain[1000..]));
+    // A skippable frame (magic 0x184D2A50, 4 bytes of content) before the zstd frame.
+    let mut skippable = vec![0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 1, 2, 3, 4];
+    skippable.extend(&zst);
+    let dir = std::env::temp_dir().join(format!("snapscan-decompress-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes, compression) in [
+        ("one.pickle.gz", gzip(&plain), Compression::Gzip),
+        ("members.pickle.gz", members, Compression::Gzip),
+        ("one.pickle.zst", zst.clone(), Compression::Zstd),
+        ("skippable.pickle.zst", skippable, Compression::Zstd),
+    ] {
+        let d = input::decompress_bytes(name, &bytes, &mut Loading::hidden(), false)
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .unwrap_or_else(|| panic!("{name}: not seen as compressed"));
+        assert!(d.bytes == plain, "{name}: other bytes");
+        assert_eq!(d.compression, compression, "{name}");
+        assert!(d.note.is_none(), "{name}: {:?}", d.note);
+        let path = dir.join(name);
+        std::fs::write(&path, &bytes).unwrap();
+        let (read, read_compression) = input::read_input(&path).unwrap();
+        assert!(
+            *read == *plain && read_compression == compression,
+            "{name}: the file reader"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        input::decompress_bytes("plain", &plain, &mut Loading::hidden(), false)
+            .unwrap()
+            .is_none()
+    );
+
+    let cut = &zst[..zst.len() * 3 / 4];
+    let err = input::decompress_bytes("cut.zst", cut, &mut Loading::hidden(), false)
+        .expect_err("a cut stream")
+        .to_string();
+    assert!(
+        err.starts_with("cut.zst: zstd data is corrupt") && err.contains("--salvage"),
+        "{err}"
+    );
+    let kept = input::decompress_bytes("cut.zst", cut, &mut Loading::hidden(), true)
+        .unwrap()
+        .unwrap();
+    assert!(!kept.bytes.is_empty() && plain.starts_with(&kept.bytes));
+    let note = kept.note.expect("a note");
+    assert!(note.contains("the zstd stream breaks off"), "{note}");
+}

@@ -1514,6 +1514,32 @@ fn regression_block_size_near_2_pow_64_overflowed_the_stats() {
     assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
 }
 
+/// Found by fuzzing (json_report, 3 minutes from the seeds of `fuzz/seed.sh`, which had cut
+/// `allocated_size` out of a segment): a segment without `allocated_size`, `active_size` or
+/// `requested_size` gets them as the sums over its blocks, as PyTorch does, and two blocks of
+/// 2^64 − 1 bytes overflowed those sums (a panic where overflow is checked, a wrapped figure
+/// in a release build). Both readers share the sums: the same snapshot as a pickle
+/// (CPython's `pickle.dumps(protocol=4)` of the JSON) goes through both. The sums now
+/// saturate, and the sizes are flagged as implausible.
+#[test]
+fn regression_segment_sums_of_blocks_near_2_pow_64() {
+    let name = "fuzz-segment-sums-of-blocks-near-2-pow-64";
+    let warnings = regression_warnings(&format!("{name}.json"));
+    assert!(has(&warnings, "implausible_size"), "{warnings:#?}");
+    let path = common::root().join(format!("tests/regressions/{name}.pickle"));
+    let pickle = std::fs::read(path).expect("regression input");
+    let parallel = snapshot::load_bytes_parallel(&pickle).expect("the parallel reader reads it");
+    let sequential = snapshot::load_bytes_sequential(name, &pickle).expect("and the other one");
+    for s in [&parallel, &sequential] {
+        let seg = &s.segments[0];
+        assert_eq!(
+            (seg.allocated_size, seg.active_size, seg.requested_size),
+            (u64::MAX, u64::MAX, u64::MAX)
+        );
+    }
+    assert!(report_of(name, &pickle).is_some());
+}
+
 /// Found by the extreme-value seeds: three segments of 2^63 bytes overflowed the dump's totals
 /// (`final_state`) and the OOM's reserved bytes.
 #[test]

@@ -48,4 +48,9 @@ def fake_torch(monkeypatch):
     assert torch.__version__.endswith("+fake")
     torch._fake.state.reset()
     yield torch
+    # The OOM reports run in a thread: none may print into the next test.
+    st = sys.modules.get("snapscan.torch")
+    hook = getattr(st, "_hook", None)
+    if hook is not None:
+        hook.wait(60)
     _forget(["torch", "snapscan.torch", "snapscan.lightning", "snapscan.transformers"])
