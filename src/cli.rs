@@ -212,6 +212,38 @@ pub enum Command {
         #[arg(long)]
         salvage: bool,
     },
+    /// Replays the trace through a model of the CUDA caching allocator: how many allocations it
+    /// places at the address the real allocator chose, which cudaMalloc/cudaFree it predicts,
+    /// where it first parts from the real allocator and by which rule, and at every OOM (and
+    /// every cudaMalloc made while the pool had the bytes) why the request did not fit and
+    /// which live blocks pinned the hole that would have served it.
+    #[command(
+        after_help = "Examples:\n  snapscan replay speicher.pickle\n  snapscan replay --format json --full speicher.pickle > placements.json\n  snapscan replay --set max_split_size_mb:256 speicher.pickle"
+    )]
+    Replay {
+        /// Snapshot files (`-` for stdin); several files are replayed in parallel.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// The model's address of every alloc (JSON `placements`: `{"event", "address"}`).
+        #[arg(long)]
+        full: bool,
+        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax over the dump's own (e.g.
+        /// `max_split_size_mb:256`); a setting the model does not implement is refused.
+        #[arg(long, value_name = "CONF")]
+        set: Option<String>,
+        /// Recover what is complete from a pickle cut short (a dump killed while writing)
+        /// instead of failing; stderr and the report say what is missing.
+        #[arg(long)]
+        salvage: bool,
+    },
     /// Finds CUDA out-of-memory messages in a log (PyTorch 1.0–2.x wordings) and gives, for each,
     /// the figures, a verdict (fragmentation, other_processes, full, unknown) and first actions:
     /// for CI runs that kept a log but no snapshot.
@@ -596,6 +628,51 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 Format::Text | Format::Markdown => {
                     crate::render::stats_text::render(&stats).into_bytes()
                 }
+            };
+            exit_soon(loaded);
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
+        Command::Replay {
+            files,
+            device,
+            format,
+            output,
+            full,
+            set,
+            salvage,
+        } => {
+            let loaded = load_all_salvage(&files, salvage)?;
+            let files = loaded
+                .par_iter()
+                .map(|l| {
+                    let (mut settings, notes) =
+                        crate::allocator::Settings::from_snapshot(&l.snapshot);
+                    if let Some(conf) = &set {
+                        settings.apply_conf(conf)?;
+                    }
+                    Ok(analysis::allocator_replay::replay_file(
+                        &l.name,
+                        &l.snapshot,
+                        device,
+                        &settings,
+                        &notes,
+                        full,
+                    ))
+                })
+                .collect::<Result<Vec<_>, crate::allocator::SettingsError>>()?;
+            let out = crate::report::replay::ReplayOutput {
+                schema_version: SCHEMA_VERSION,
+                files,
+            };
+            let color = output.is_none() && crate::render::style::stdout_allows_color();
+            let bytes = match format {
+                Format::Json => crate::render::json(&out),
+                Format::Text => crate::render::replay_text::text(&out, color).into_bytes(),
+                Format::Markdown => crate::render::replay_text::markdown(&out).into_bytes(),
             };
             exit_soon(loaded);
             Ok(Outcome {

@@ -4,6 +4,7 @@
 //! [`snapshot`] (typed model) → [`analysis`] (figures) → [`report`] (one serde struct) →
 //! [`render`] (text, Markdown, JSON).
 
+pub mod allocator;
 pub mod analysis;
 pub mod cli;
 pub mod explain;

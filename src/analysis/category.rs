@@ -21,8 +21,8 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
+use super::lifetimes::{Allocation, DeviceReplay, Origin};
 use super::phase::{PerStack, Phase, Phases, Source};
-use super::replay::{Allocation, DeviceReplay, Origin};
 use crate::snapshot::{Interner, Snapshot, StackId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use rayon::prelude::*;
 
-use super::replay::DeviceReplay;
+use super::lifetimes::DeviceReplay;
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, TraceEntry};
 
 /// The moment a layout describes.
@@ -579,7 +579,7 @@ pub fn for_each_layout(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::replay::replay_device;
+    use crate::analysis::lifetimes::replay_device;
 
     /// The lifetimes give, at every sampled state, the segments `layout_at` undoes its way to.
     #[test]

@@ -1,16 +1,17 @@
 //! Figures computed from the typed model.
 
 pub mod advice;
+pub mod allocator_replay;
 pub mod callsite;
 pub mod category;
 pub mod check;
 pub mod diff;
 pub mod headline;
 pub mod layout;
+pub mod lifetimes;
 pub mod merge;
 pub mod phase;
 pub mod quality;
-pub mod replay;
 pub mod report;
 pub mod stats;
 pub mod summary;

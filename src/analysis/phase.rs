@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::replay::{Curve, DeviceReplay};
+use super::lifetimes::{Curve, DeviceReplay};
 use super::summary::piece_entries;
 use crate::snapshot::{Action, FrameId, Interner, Snapshot, StackId, Trace};
 

@@ -14,7 +14,7 @@
 
 use rayon::prelude::*;
 
-use super::replay::{round_size, Curve, DeviceReplay};
+use super::lifetimes::{round_size, Curve, DeviceReplay};
 use super::summary::{piece_entries, TraceSummary};
 use crate::report::QualityWarning;
 use crate::snapshot::{Action, BlockState, Layout, Segment, Snapshot, Trace, TraceCore};
@@ -786,6 +786,29 @@ fn negative_levels(replay: &DeviceReplay) -> Vec<QualityWarning> {
     ];
     let mut out = Vec::new();
     for (name, curve, affects, cause) in curves {
+        // Past the 64-bit range the levels saturate: they are no figures, and a level below
+        // zero then says nothing more.
+        if let Some(at) = curve.overflow() {
+            let when = match at {
+                None => "at window start (the dump's figures less what the trace adds)".to_owned(),
+                Some(e) => format!("at event {e}"),
+            };
+            let mut affects = affects.to_vec();
+            affects.extend(AFFECTS_CURVES);
+            affects.sort_unstable();
+            affects.dedup();
+            out.push(warning(
+                "sums_overflow",
+                1,
+                format!(
+                    "{name} bytes add up past what a signed 64-bit number holds (8 EiB) {when}: \
+                     the trace's sizes cannot all be true, so its {name} levels and peaks are \
+                     not given"
+                ),
+                &affects,
+            ));
+            continue;
+        }
         if let Some((at, level)) = curve.first_below_zero() {
             let count = curve.below_zero_count();
             let when = match at {

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
+use super::lifetimes::round_size;
 use super::quality::MAX_PLAUSIBLE_BYTES;
-use super::replay::round_size;
 use crate::snapshot::{Action, Snapshot, Trace, TraceCore};
 
 /// Trace entries per piece of the passes that run on every core (by default).

@@ -23,4 +23,5 @@ pub fn json<T: Serialize>(value: &T) -> Vec<u8> {
     out.push(b'\n');
     out
 }
+pub mod replay_text;
 pub mod report_text;

@@ -370,6 +370,24 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         dev.device
     )));
 
+    // Sizes that add up past 64 bits: the saturated levels would print figures that
+    // contradict each other ("16 EiB reserved, peak before that 8 EiB"), so none is printed.
+    if dev.data_quality.iter().any(|w| w.kind == "sums_overflow") {
+        out.push(Block::Alert(format!(
+            "The trace is inconsistent: its sizes add up past what a signed 64-bit number \
+             holds (8 EiB; sums_overflow below). No peak, level or fragmentation of this device \
+             is reported; {} {} recorded.",
+            counted(dev.window.events, "event", "events"),
+            if dev.window.events == 1 {
+                "was"
+            } else {
+                "were"
+            }
+        )));
+        out.extend(quality_blocks(dev));
+        return out;
+    }
+
     // 1. The verdict.
     if dev.oom.is_empty() {
         let none = match dev.trace_cut.as_deref() {
@@ -709,6 +727,16 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         ));
     }
 
+    out.extend(quality_blocks(dev));
+    for n in &dev.notes {
+        out.push(Block::Para(format!("Note: {n}")));
+    }
+    out
+}
+
+/// The data-quality findings of a device, each with the figures it affects.
+fn quality_blocks(dev: &DeviceReport) -> Vec<Block> {
+    let mut out = Vec::new();
     if !dev.data_quality.is_empty() {
         out.push(Block::Para(
             "Data quality: the file is inconsistent; the figures listed under each finding may be \
@@ -731,9 +759,6 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             })
             .collect();
         out.push(Block::Items(items));
-    }
-    for n in &dev.notes {
-        out.push(Block::Para(format!("Note: {n}")));
     }
     out
 }

@@ -9,8 +9,8 @@ use std::fmt::Write;
 
 use crate::analysis::callsite::{call_site, stack_lines};
 use crate::analysis::category::{Categorizer, Category, Confidence};
+use crate::analysis::lifetimes::Allocation;
 use crate::analysis::phase::{Phase, Source};
-use crate::analysis::replay::Allocation;
 use crate::snapshot::{Interner, Snapshot, StackId};
 use crate::units::format_bytes;
 

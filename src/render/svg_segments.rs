@@ -23,8 +23,8 @@ use super::svg::{
 };
 use crate::analysis::category::{Categorizer, Category};
 use crate::analysis::layout::{layout_at, Moment, SegmentLayout};
+use crate::analysis::lifetimes::{replay_device, Allocation, DeviceReplay};
 use crate::analysis::phase::phases_of;
-use crate::analysis::replay::{replay_device, Allocation, DeviceReplay};
 use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, StackId};
 use crate::units::format_bytes;
 

@@ -26,8 +26,8 @@ use rayon::prelude::*;
 
 use super::svg::{self, num, tenths, ColourBy, Colours, GREY, GRID, INK, LEFT, MUTED, PLOT_W, RED};
 use crate::analysis::category::{Categorizer, Category, Confidence};
+use crate::analysis::lifetimes::{replay_device, Allocation, DeviceReplay, Origin};
 use crate::analysis::phase::{phases_of, Phases, Source};
-use crate::analysis::replay::{replay_device, Allocation, DeviceReplay, Origin};
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::input::Compression;
 use crate::snapshot::Layout;
 
+pub mod replay;
+
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// Figures of the final allocator state (the dump itself).

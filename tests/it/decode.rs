@@ -311,7 +311,7 @@ fn json_input_gives_the_same_model_as_the_pickle() {
     };
     assert_eq!(stats(&from_pickle), stats(&from_json));
     let peaks = |s: &snapscan::snapshot::Snapshot| {
-        snapscan::analysis::replay::replay_device(s, 0)
+        snapscan::analysis::lifetimes::replay_device(s, 0)
             .requested
             .peak()
     };

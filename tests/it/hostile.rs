@@ -2170,3 +2170,35 @@ fn picture_names_of_many_inputs_with_one_name_are_made_unique_at_once() {
         run.cpu.as_secs_f64()
     );
 }
+
+/// Sizes chosen so that the levels pass 2^63: the saturated sums printed "16.0 EiB reserved …
+/// peak before that 8.0 EiB". The trace is called inconsistent, with the field and the event,
+/// and no level of the device is printed.
+#[test]
+fn sums_past_64_bits_are_reported_as_inconsistent_not_printed() {
+    let warnings = regression_warnings("three-segments-of-2-pow-63.json");
+    let overflow: Vec<_> = warnings
+        .iter()
+        .filter(|w| w.kind == "sums_overflow")
+        .collect();
+    assert!(!overflow.is_empty(), "{warnings:#?}");
+    assert!(
+        overflow
+            .iter()
+            .any(|w| w.message.contains("reserved bytes")),
+        "{overflow:#?}"
+    );
+    let path = common::root().join("tests/regressions/three-segments-of-2-pow-63.json");
+    for format in ["text", "markdown"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+            .args(["report", "--format", format])
+            .arg(&path)
+            .output()
+            .expect("runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("The trace is inconsistent"), "{text}");
+        assert!(!text.contains("EiB reserved"), "{text}");
+        assert!(!text.contains("Peak"), "{text}");
+    }
+}

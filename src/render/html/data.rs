@@ -15,8 +15,8 @@ use super::super::svg;
 use crate::analysis::callsite::{call_site, format_frame, is_native, viewer_shows};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::layout::segment_lifetimes;
+use crate::analysis::lifetimes::{replay_device, Origin};
 use crate::analysis::phase::{find_phases, Phase};
-use crate::analysis::replay::{replay_device, Origin};
 use crate::snapshot::{Action, PoolKind, Snapshot, StackId};
 
 /// Requests up to this size are served from the small pool (as the report's OOM figures).

@@ -1,5 +1,6 @@
-//! Per-device replay of the trace: allocation lifetimes and the requested / allocated / reserved
-//! curves, each including the level at window start (snapshot-format.md §9.10, design §4).
+//! Per-device lifetimes: when each allocation lived, and the requested / allocated / reserved
+//! curves, each including the level at window start (snapshot-format.md §9.10, design §4). Where
+//! the allocator put each block is `crate::allocator`'s question, not this one's.
 //!
 //! Lifetime = from `alloc` to `free_completed` (MemoryViz's definition): a block is unusable and
 //! still counts between `free_requested` and `free_completed`.
@@ -575,6 +576,9 @@ pub struct Curve {
     /// levels, the start included, are below zero.
     below_zero: Option<(Option<u32>, i64)>,
     below_zero_count: u64,
+    /// Where the level first left what a signed 64-bit number holds (`Some(None)`: already
+    /// at the start); the levels saturate from there, so they are not figures of the run.
+    overflow: Option<Option<u32>>,
 }
 
 const WIDE: i32 = i32::MIN;
@@ -726,6 +730,8 @@ impl Curve {
             block_peak: (i64::MIN, 0),
             below: (self.start < 0).then_some((None, self.start)),
             below_count: (self.start < 0) as u64,
+            // A start at either end of the range is a saturated sum.
+            overflow: (self.start == i64::MAX || self.start <= i64::MIN + 1).then_some(None),
         };
         let dense = self.deltas.len() == self.len && !self.rounded;
         // Only the listed events change it: the runs between them are taken whole.
@@ -793,6 +799,7 @@ impl Curve {
         self.peak = peak;
         self.below_zero = x.below;
         self.below_zero_count = x.below_count;
+        self.overflow = x.overflow;
     }
 
     /// The change of event `i`, marked `WIDE` in `deltas`.
@@ -809,12 +816,19 @@ struct Indexer {
     block_peak: (i64, u32),
     below: Option<(Option<u32>, i64)>,
     below_count: u64,
+    overflow: Option<Option<u32>>,
 }
 
 impl Indexer {
     #[inline(always)]
     fn step(&mut self, i: usize, d: i64) {
-        self.level = self.level.saturating_add(d);
+        self.level = match self.level.checked_add(d) {
+            Some(l) => l,
+            None => {
+                self.overflow.get_or_insert(Some(i as u32));
+                self.level.saturating_add(d)
+            }
+        };
         if self.level > self.block_peak.0 {
             self.block_peak = (self.level, i as u32);
         }
@@ -1038,6 +1052,12 @@ impl Curve {
     /// How many levels, the start included, are below zero.
     pub fn below_zero_count(&self) -> u64 {
         self.below_zero_count
+    }
+
+    /// The event after which the level first went past ±2^63 bytes (`Some(None)`: the start
+    /// did), when it did: sizes that cannot all be true.
+    pub fn overflow(&self) -> Option<Option<u32>> {
+        self.overflow
     }
 }
 
@@ -1348,10 +1368,11 @@ pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
     let final_reserved: i64 = snapshot
         .segments_of(device)
         .fold(0i64, |sum, s| sum.saturating_add(signed(s.total_size)));
-    let reserved_sum = reserved
-        .iter()
-        .fold(0i64, |sum, &(_, d)| sum.saturating_add(d));
-    let reserved_start = final_reserved.saturating_sub(reserved_sum);
+    // Undoing the trace from the dump, in 128 bits: a start past the 64-bit range is kept at
+    // its end, which the curve's index reads as an overflow at the start.
+    let reserved_sum: i128 = reserved.iter().map(|&(_, d)| i128::from(d)).sum();
+    let reserved_start = (i128::from(final_reserved) - reserved_sum)
+        .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
 
     // Each curve's index is a pass over every event: the two run side by side.
     let mut requested = requested.into_curve_with(requested_start, false);

@@ -1,0 +1,589 @@
+//! The allocator's state: segments cut into blocks, and the free blocks of each pool kept in
+//! the order the allocator searches them (`BlockPool`: stream, size, address).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
+
+use super::rules;
+use super::settings::Settings;
+use crate::snapshot::StackId;
+
+pub const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    Free,
+    Allocated,
+    /// Between `free_requested` and `free_completed`: not reusable, not merged.
+    Pending,
+}
+
+/// A block of a segment. Blocks of one segment form a list in address order.
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub addr: u64,
+    pub size: u64,
+    pub seg: u32,
+    pub prev: u32,
+    pub next: u32,
+    pub state: BlockState,
+    pub requested: u64,
+    pub stack: StackId,
+    /// The trace event that allocated it; `NIL` for a block alive before the window.
+    pub birth: u32,
+}
+
+impl Block {
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size)
+    }
+}
+
+/// Which free list a block belongs to: (memory pool, stream, small or large).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub pool: (i64, i64),
+    pub stream: u64,
+    pub small: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Seg {
+    pub addr: u64,
+    pub size: u64,
+    pub key: PoolKey,
+    pub expandable: bool,
+    pub first: u32,
+    pub alive: bool,
+}
+
+impl Seg {
+    pub fn end(&self) -> u64 {
+        self.addr.saturating_add(self.size)
+    }
+}
+
+#[derive(Default)]
+pub struct State {
+    pub blocks: Vec<Block>,
+    spare: Vec<u32>,
+    /// Start address → block, for every block of every live segment.
+    pub by_addr: BTreeMap<u64, u32>,
+    pub segs: Vec<Seg>,
+    /// Start address → segment, for the live segments.
+    pub seg_at: BTreeMap<u64, u32>,
+    /// Free blocks per pool key, as (size, address, block).
+    free: Vec<BTreeSet<(u64, u64, u32)>>,
+    pub free_bytes: Vec<u64>,
+    pub keys: Vec<PoolKey>,
+    key_index: FxHashMap<PoolKey, u32>,
+}
+
+impl State {
+    pub fn key_id(&mut self, key: PoolKey) -> u32 {
+        if let Some(&k) = self.key_index.get(&key) {
+            return k;
+        }
+        let k = self.keys.len() as u32;
+        self.keys.push(key);
+        self.key_index.insert(key, k);
+        self.free.push(BTreeSet::new());
+        self.free_bytes.push(0);
+        k
+    }
+
+    pub fn key_of(&self, key: &PoolKey) -> Option<u32> {
+        self.key_index.get(key).copied()
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        match self.spare.pop() {
+            Some(i) => {
+                self.blocks[i as usize] = b;
+                i
+            }
+            None => {
+                self.blocks.push(b);
+                (self.blocks.len() - 1) as u32
+            }
+        }
+    }
+
+    fn seg_key(&self, seg: u32) -> u32 {
+        let key = self.segs[seg as usize].key;
+        self.key_index[&key]
+    }
+
+    fn free_insert(&mut self, b: u32) {
+        let blk = &self.blocks[b as usize];
+        let (size, addr) = (blk.size, blk.addr);
+        let k = self.seg_key(blk.seg) as usize;
+        self.free[k].insert((size, addr, b));
+        self.free_bytes[k] = self.free_bytes[k].saturating_add(size);
+    }
+
+    fn free_remove(&mut self, b: u32) {
+        let blk = &self.blocks[b as usize];
+        let (size, addr) = (blk.size, blk.addr);
+        let k = self.seg_key(blk.seg) as usize;
+        if self.free[k].remove(&(size, addr, b)) {
+            self.free_bytes[k] = self.free_bytes[k].saturating_sub(size);
+        }
+    }
+
+    /// The live segment holding `addr`.
+    pub fn seg_containing(&self, addr: u64) -> Option<u32> {
+        let (_, &s) = self.seg_at.range(..=addr).next_back()?;
+        (addr < self.segs[s as usize].end()).then_some(s)
+    }
+
+    /// The block holding `addr`.
+    pub fn block_containing(&self, addr: u64) -> Option<u32> {
+        let (_, &b) = self.by_addr.range(..=addr).next_back()?;
+        (addr < self.blocks[b as usize].end()).then_some(b)
+    }
+
+    /// Whether `[addr, addr + size)` overlaps a live segment.
+    pub fn overlaps(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        if let Some((_, &s)) = self.seg_at.range(..end).next_back() {
+            return self.segs[s as usize].end() > addr;
+        }
+        false
+    }
+
+    /// Adds a segment cut into the given blocks (address order, tiling it: the caller's
+    /// gaps are free blocks). Returns the segment.
+    pub fn add_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        key: PoolKey,
+        expandable: bool,
+        mut blocks: Vec<Block>,
+    ) -> u32 {
+        self.key_id(key);
+        let seg = self.segs.len() as u32;
+        if blocks.is_empty() {
+            blocks.push(free_block(addr, size));
+        }
+        self.segs.push(Seg {
+            addr,
+            size,
+            key,
+            expandable,
+            first: NIL,
+            alive: true,
+        });
+        self.seg_at.insert(addr, seg);
+        let mut prev = NIL;
+        for mut b in blocks {
+            b.seg = seg;
+            b.prev = prev;
+            b.next = NIL;
+            let id = self.new_block(b);
+            if prev == NIL {
+                self.segs[seg as usize].first = id;
+            } else {
+                self.blocks[prev as usize].next = id;
+            }
+            self.by_addr.insert(self.blocks[id as usize].addr, id);
+            if self.blocks[id as usize].state == BlockState::Free {
+                self.free_insert(id);
+            }
+            prev = id;
+        }
+        seg
+    }
+
+    /// Removes a segment and its blocks; returns how many of them were not free.
+    pub fn remove_segment(&mut self, seg: u32) -> u32 {
+        let mut live = 0;
+        let mut b = self.segs[seg as usize].first;
+        while b != NIL {
+            let next = self.blocks[b as usize].next;
+            if self.blocks[b as usize].state == BlockState::Free {
+                self.free_remove(b);
+            } else {
+                live += 1;
+            }
+            self.by_addr.remove(&self.blocks[b as usize].addr);
+            self.spare.push(b);
+            b = next;
+        }
+        let s = &mut self.segs[seg as usize];
+        s.alive = false;
+        s.first = NIL;
+        let addr = s.addr;
+        self.seg_at.remove(&addr);
+        live
+    }
+
+    /// Whether the segment is one free block (what `release_block` can `cudaFree`).
+    pub fn seg_is_free(&self, seg: u32) -> bool {
+        let f = self.segs[seg as usize].first;
+        f != NIL
+            && self.blocks[f as usize].state == BlockState::Free
+            && self.blocks[f as usize].next == NIL
+    }
+
+    /// `get_free_block`: the best fit in the pool for a rounded request, or why there is none.
+    pub fn find_fit(&self, key: u32, rounded: u64, settings: &Settings) -> Fit {
+        let set = &self.free[key as usize];
+        let mut it = set.range((rounded, 0, 0)..);
+        let Some(&(mut size, _, mut b)) = it.next() else {
+            return Fit::None;
+        };
+        if settings.expandable_segments
+            && self.segs[self.blocks[b as usize].seg as usize].expandable
+        {
+            // A free block at the end of a mapped range counts as the size it could grow to;
+            // the search moves on while the next one could grow to less.
+            let grow = |b: u32| -> u64 {
+                let blk = &self.blocks[b as usize];
+                if blk.next == NIL {
+                    u64::MAX
+                } else {
+                    blk.size
+                }
+            };
+            for &(s2, _, b2) in it {
+                if !self.segs[self.blocks[b2 as usize].seg as usize].expandable
+                    || grow(b2) >= grow(b)
+                {
+                    break;
+                }
+                b = b2;
+                size = s2;
+            }
+        }
+        if rules::oversize_refused(size, rounded, settings) {
+            return Fit::Oversize(b);
+        }
+        Fit::Block(b)
+    }
+
+    /// `alloc_found_block`: hands out block `b` for a rounded request, splitting off the
+    /// remainder when the split rule says so. Returns whether it split.
+    pub fn take(
+        &mut self,
+        b: u32,
+        rounded: u64,
+        requested: u64,
+        stack: StackId,
+        birth: u32,
+        settings: &Settings,
+    ) -> bool {
+        self.free_remove(b);
+        let small = self.segs[self.blocks[b as usize].seg as usize].key.small;
+        let size = self.blocks[b as usize].size;
+        let split = rounded < size && rules::should_split(size, rounded, small, settings);
+        if split {
+            let blk = &self.blocks[b as usize];
+            let rest = Block {
+                addr: blk.addr + rounded,
+                size: size - rounded,
+                seg: blk.seg,
+                prev: b,
+                next: blk.next,
+                ..free_block(0, 0)
+            };
+            let next = blk.next;
+            let r = self.new_block(rest);
+            if next != NIL {
+                self.blocks[next as usize].prev = r;
+            }
+            self.blocks[b as usize].next = r;
+            self.blocks[b as usize].size = rounded;
+            self.by_addr.insert(self.blocks[r as usize].addr, r);
+            self.free_insert(r);
+        }
+        let blk = &mut self.blocks[b as usize];
+        blk.state = BlockState::Allocated;
+        blk.requested = requested;
+        blk.stack = stack;
+        blk.birth = birth;
+        split
+    }
+
+    /// Cuts the free block `b` so that a block starts at `addr` (inside it); returns that
+    /// block, free. For following the real allocator where the model chose otherwise.
+    pub fn cut_at(&mut self, b: u32, addr: u64) -> u32 {
+        let blk = &self.blocks[b as usize];
+        if addr <= blk.addr || addr >= blk.end() {
+            return b;
+        }
+        let (end, next, seg) = (blk.end(), blk.next, blk.seg);
+        self.free_remove(b);
+        let high = self.new_block(Block {
+            addr,
+            size: end - addr,
+            seg,
+            prev: b,
+            next,
+            ..free_block(0, 0)
+        });
+        if next != NIL {
+            self.blocks[next as usize].prev = high;
+        }
+        let low = &mut self.blocks[b as usize];
+        low.next = high;
+        low.size = addr - low.addr;
+        self.by_addr.insert(addr, high);
+        self.free_insert(b);
+        self.free_insert(high);
+        high
+    }
+
+    /// `free_requested`: the block stays in place, not reusable.
+    pub fn mark_pending(&mut self, b: u32) {
+        if self.blocks[b as usize].state == BlockState::Allocated {
+            self.blocks[b as usize].state = BlockState::Pending;
+        }
+    }
+
+    /// `free_block`: the block returns to its pool, merged with free neighbours
+    /// (`try_merge_blocks`: not allocated, no pending events). Returns the merged block.
+    pub fn free(&mut self, b: u32) -> u32 {
+        if self.blocks[b as usize].state == BlockState::Free {
+            return b;
+        }
+        self.blocks[b as usize].state = BlockState::Free;
+        let mut b = b;
+        let prev = self.blocks[b as usize].prev;
+        if prev != NIL && self.blocks[prev as usize].state == BlockState::Free {
+            self.free_remove(prev);
+            self.absorb_next(prev);
+            b = prev;
+        }
+        let next = self.blocks[b as usize].next;
+        if next != NIL && self.blocks[next as usize].state == BlockState::Free {
+            self.free_remove(next);
+            self.absorb_next(b);
+        }
+        self.free_insert(b);
+        b
+    }
+
+    /// Joins the block after `b` into `b` (neither in a free list).
+    fn absorb_next(&mut self, b: u32) {
+        let n = self.blocks[b as usize].next;
+        let (size, after, addr) = {
+            let nb = &self.blocks[n as usize];
+            (nb.size, nb.next, nb.addr)
+        };
+        self.by_addr.remove(&addr);
+        self.spare.push(n);
+        let blk = &mut self.blocks[b as usize];
+        blk.size = blk.size.saturating_add(size);
+        blk.next = after;
+        if after != NIL {
+            self.blocks[after as usize].prev = b;
+        }
+    }
+
+    /// `segment_map`: `[addr, addr + size)` mapped in an expandable pool; it joins the mapped
+    /// range that ends at `addr` (its free tail grows) or that starts at its end, or becomes a
+    /// range of its own.
+    pub fn map(&mut self, addr: u64, size: u64, key: PoolKey) {
+        let before = self
+            .seg_containing(addr.wrapping_sub(1))
+            .filter(|&s| self.segs[s as usize].end() == addr && self.segs[s as usize].expandable);
+        let seg = match before {
+            Some(s) => {
+                self.segs[s as usize].size = self.segs[s as usize].size.saturating_add(size);
+                let last = self.last_block(s);
+                if self.blocks[last as usize].state == BlockState::Free {
+                    self.free_remove(last);
+                    self.blocks[last as usize].size += size;
+                    self.free_insert(last);
+                } else {
+                    let nb = self.new_block(Block {
+                        seg: s,
+                        prev: last,
+                        ..free_block(addr, size)
+                    });
+                    self.blocks[last as usize].next = nb;
+                    self.by_addr.insert(addr, nb);
+                    self.free_insert(nb);
+                }
+                s
+            }
+            None => self.add_segment(addr, size, key, true, Vec::new()),
+        };
+        // A mapped range that starts where this one now ends is the same run.
+        let end = self.segs[seg as usize].end();
+        if let Some(&after) = self.seg_at.get(&end) {
+            if self.segs[after as usize].expandable && self.segs[after as usize].key == key {
+                self.join_segments(seg, after);
+            }
+        }
+    }
+
+    fn last_block(&self, seg: u32) -> u32 {
+        let mut b = self.segs[seg as usize].first;
+        // Blocks are few per mapped run in practice; the address index finds the last one.
+        let end = self.segs[seg as usize].end();
+        if let Some((_, &last)) = self.by_addr.range(..end).next_back() {
+            if self.blocks[last as usize].seg == seg {
+                return last;
+            }
+        }
+        while self.blocks[b as usize].next != NIL {
+            b = self.blocks[b as usize].next;
+        }
+        b
+    }
+
+    fn join_segments(&mut self, a: u32, b: u32) {
+        let last = self.last_block(a);
+        let first = self.segs[b as usize].first;
+        let size = self.segs[b as usize].size;
+        self.seg_at.remove(&self.segs[b as usize].addr);
+        self.segs[b as usize].alive = false;
+        let mut x = first;
+        while x != NIL {
+            let free = self.blocks[x as usize].state == BlockState::Free;
+            if free {
+                self.free_remove(x);
+            }
+            self.blocks[x as usize].seg = a;
+            if free {
+                self.free_insert(x);
+            }
+            x = self.blocks[x as usize].next;
+        }
+        self.blocks[last as usize].next = first;
+        self.blocks[first as usize].prev = last;
+        self.segs[a as usize].size += size;
+        if self.blocks[last as usize].state == BlockState::Free
+            && self.blocks[first as usize].state == BlockState::Free
+        {
+            self.free_remove(last);
+            self.free_remove(first);
+            self.absorb_next(last);
+            self.free_insert(last);
+        }
+    }
+
+    /// `segment_unmap`: `[addr, addr + size)` of an expandable range unmapped. It must lie in
+    /// one free block; the range is cut there. Returns false when it does not.
+    pub fn unmap(&mut self, addr: u64, size: u64) -> bool {
+        let Some(b) = self.block_containing(addr) else {
+            return false;
+        };
+        let end = addr.saturating_add(size);
+        let blk = &self.blocks[b as usize];
+        if blk.state != BlockState::Free || end > blk.end() {
+            return false;
+        }
+        let seg = blk.seg;
+        let key = self.segs[seg as usize].key;
+        // Cut the block so that [addr, end) is a block of its own, then split the segment.
+        let mid = self.cut_at(b, addr);
+        if end < self.blocks[mid as usize].end() {
+            self.cut_at(mid, end);
+        }
+        let (prev, next) = (
+            self.blocks[mid as usize].prev,
+            self.blocks[mid as usize].next,
+        );
+        self.free_remove(mid);
+        self.by_addr.remove(&addr);
+        self.spare.push(mid);
+        let seg_end = self.segs[seg as usize].end();
+        if prev == NIL {
+            self.seg_at.remove(&self.segs[seg as usize].addr);
+            self.segs[seg as usize].alive = false;
+        } else {
+            self.blocks[prev as usize].next = NIL;
+            self.segs[seg as usize].size = addr - self.segs[seg as usize].addr;
+        }
+        if next != NIL {
+            // The blocks after the hole form a mapped range of their own.
+            self.blocks[next as usize].prev = NIL;
+            let new = self.segs.len() as u32;
+            self.segs.push(Seg {
+                addr: end,
+                size: seg_end - end,
+                key,
+                expandable: true,
+                first: next,
+                alive: true,
+            });
+            self.seg_at.insert(end, new);
+            let mut x = next;
+            while x != NIL {
+                let free = self.blocks[x as usize].state == BlockState::Free;
+                if free {
+                    self.free_remove(x);
+                }
+                self.blocks[x as usize].seg = new;
+                if free {
+                    self.free_insert(x);
+                }
+                x = self.blocks[x as usize].next;
+            }
+        }
+        true
+    }
+
+    /// The blocks of a segment in address order.
+    pub fn seg_blocks(&self, seg: u32) -> SegBlocks<'_> {
+        SegBlocks {
+            state: self,
+            at: self.segs[seg as usize].first,
+        }
+    }
+
+    /// The largest free block of a pool key.
+    pub fn largest_free(&self, key: u32) -> u64 {
+        self.free[key as usize]
+            .iter()
+            .next_back()
+            .map_or(0, |&(s, _, _)| s)
+    }
+}
+
+pub struct SegBlocks<'a> {
+    state: &'a State,
+    at: u32,
+}
+
+impl<'a> Iterator for SegBlocks<'a> {
+    type Item = (u32, &'a Block);
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at == NIL {
+            return None;
+        }
+        let id = self.at;
+        let b = &self.state.blocks[id as usize];
+        self.at = b.next;
+        Some((id, b))
+    }
+}
+
+/// A free block (list links set by the caller).
+pub fn free_block(addr: u64, size: u64) -> Block {
+    Block {
+        addr,
+        size,
+        seg: NIL,
+        prev: NIL,
+        next: NIL,
+        state: BlockState::Free,
+        requested: 0,
+        stack: StackId::EMPTY,
+        birth: NIL,
+    }
+}
+
+/// What the best-fit search found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fit {
+    Block(u32),
+    /// The best fit is refused by a `max_split_size` rule.
+    Oversize(u32),
+    None,
+}
