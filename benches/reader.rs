@@ -4,7 +4,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-use snapscan::analysis::replay::replay_device;
+use snapscan::analysis::lifetimes::replay_device;
 use snapscan::analysis::report::{device_report, ReportOptions};
 use snapscan::snapshot;
 

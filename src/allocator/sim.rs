@@ -169,7 +169,6 @@ struct Run<'a> {
     /// Segment events since the last request, applied when it comes (the allocator emits
     /// them just before the `alloc` they serve).
     pending: Vec<(u32, TraceEntry)>,
-    pools: FxHashMap<u64, PoolKey>,
     /// The pool of the last alloc of each stream: where an OOM's request went.
     stream_pool: FxHashMap<u64, (i64, i64)>,
     /// Event of each `free_requested` whose completion is still to come.
@@ -213,7 +212,6 @@ pub fn simulate(
         },
         rules: FxHashMap::default(),
         pending: Vec::new(),
-        pools: start::dump_pools(snapshot, device),
         stream_pool: FxHashMap::default(),
         requested_at: FxHashMap::default(),
     };
@@ -278,7 +276,13 @@ impl Run<'_> {
                     && e.addr <= addr
                     && addr < e.addr.saturating_add(e.size)
             })
-            .map(|(_, e)| self.pools.get(&e.addr).map_or((0, 0), |k| k.pool))
+            .map(|(i, _)| {
+                self.sim
+                    .start
+                    .new_segment_keys
+                    .get(i)
+                    .map_or((0, 0), |k| k.pool)
+            })
     }
 
     fn alloc(&mut self, i: u32, e: &TraceEntry, opts: &Options, snapshot: &Snapshot) {
@@ -299,18 +303,26 @@ impl Run<'_> {
             small,
         };
         let key_id = self.state.key_id(key);
-        let fit = self.state.find_fit(key_id, rounded, settings);
-        if let Fit::Oversize(_) = fit {
-            self.used(Rule::OversizeRefused);
-        }
         let real_grows = self
             .pending
             .iter()
             .any(|(_, p)| matches!(p.action, Action::SegmentAlloc | Action::SegmentMap));
+        // Releases with no new segment after them came before this request's search
+        // (`empty_cache`); before a new segment they are the retry after the search failed.
+        if !real_grows {
+            self.flush(None);
+        }
+        let fit = self.state.find_fit(key_id, rounded, settings);
+        if let Fit::Oversize(_) = fit {
+            self.used(Rule::OversizeRefused);
+        }
         let mut model: Option<u64> = None;
         let mut rule = Rule::BestFit;
         match (fit, real_grows) {
-            (Fit::Block(b), false) => model = Some(self.state.blocks[b as usize].addr),
+            (Fit::Block(b), false) => {
+                self.used(Rule::BestFit);
+                model = Some(self.state.blocks[b as usize].addr);
+            }
             (Fit::Block(b), true) => {
                 let at = self.state.blocks[b as usize].addr;
                 let size = self.state.blocks[b as usize].size;
@@ -613,7 +625,7 @@ impl Run<'_> {
                     self.unknown_segment(i, e, "a new segment overlaps one the model holds");
                     return;
                 }
-                let key = match self.pools.get(&e.addr) {
+                let key = match self.sim.start.new_segment_keys.get(&i) {
                     Some(k) => PoolKey {
                         stream: e.stream,
                         ..*k

@@ -29,6 +29,9 @@ pub struct StartInfo {
     pub uncertain_max_bytes: u64,
     /// Problems found (a free of an address in no segment, overlapping blocks …), counted.
     pub problems: Vec<(&'static str, u64, String)>,
+    /// The pool of the segment each `segment_alloc` event made: the dump's segment it became,
+    /// or the default pool for one released inside the window.
+    pub new_segment_keys: FxHashMap<u32, PoolKey>,
 }
 
 impl StartInfo {
@@ -54,6 +57,11 @@ struct Live {
     requested: u64,
     pending: bool,
     stack: StackId,
+    /// The event of its first free (`u32::MAX` for blocks alive at the dump).
+    freed_at: u32,
+    /// Where the trace shows the next block starting while this one lives (its end, unsplit
+    /// remainder included).
+    decided_end: Option<u64>,
 }
 
 /// The pool kind of a segment of `size` bytes when the dump does not say it.
@@ -63,24 +71,6 @@ fn small_of(kind: PoolKind, size: u64, expandable: bool) -> bool {
         PoolKind::Large => false,
         PoolKind::Unknown => !expandable && size == SMALL_BUFFER,
     }
-}
-
-/// The segments of the dump, keyed by address, each with its pool (what the trace's new
-/// segments at the same address belong to as well).
-pub fn dump_pools(snapshot: &Snapshot, device: i64) -> FxHashMap<u64, PoolKey> {
-    snapshot
-        .segments_of(device)
-        .map(|s| {
-            (
-                s.address,
-                PoolKey {
-                    pool: s.pool_id.unwrap_or((0, 0)),
-                    stream: s.stream,
-                    small: small_of(s.pool_kind, s.total_size, s.is_expandable),
-                },
-            )
-        })
-        .collect()
 }
 
 pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, StartInfo) {
@@ -106,11 +96,12 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             plain.insert(s.address, info_);
         }
     }
-    let pools = dump_pools(snapshot, device);
-    for e in trace.range(0..trace.len()).rev() {
+    for (i, e) in trace.range(0..trace.len()).enumerate().rev() {
         match e.action {
             Action::SegmentAlloc => {
-                if plain.remove(&e.addr).is_none() {
+                if let Some(seg) = plain.remove(&e.addr) {
+                    info.new_segment_keys.insert(i as u32, seg.key);
+                } else {
                     info.problem("segment_alloc_unknown", || {
                         format!(
                             "segment_alloc at {:#x} of a segment that is neither in the dump nor freed later",
@@ -120,11 +111,13 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                 }
             }
             Action::SegmentFree => {
-                let key = pools.get(&e.addr).copied().unwrap_or(PoolKey {
+                // A segment made and released inside the window: which pool it served is not
+                // recorded (before the 2026 `pool_id`); the default pool is the common case.
+                let key = PoolKey {
                     pool: (0, 0),
                     stream: e.stream,
                     small: e.size == SMALL_BUFFER,
-                });
+                };
                 if plain
                     .insert(e.addr, SegInfo { size: e.size, key })
                     .is_some()
@@ -154,7 +147,8 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
     }
     let mut open: FxHashMap<u64, Open> = FxHashMap::default();
     let mut live: Vec<Live> = Vec::new();
-    for e in trace.iter() {
+    for (i, e) in trace.iter().enumerate() {
+        let i = i as u32;
         match e.action {
             Action::Alloc => {
                 open.insert(e.addr, Open::Allocated);
@@ -167,6 +161,8 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                         requested: e.size,
                         pending: false,
                         stack: e.frames,
+                        freed_at: i,
+                        decided_end: None,
                     });
                 }
             }
@@ -178,6 +174,8 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                         requested: e.size,
                         pending: true,
                         stack: e.frames,
+                        freed_at: i,
+                        decided_end: None,
                     });
                     info.pending_blocks += 1;
                 }
@@ -194,12 +192,15 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                     requested: b.requested_size,
                     pending: b.state == DumpState::ActivePendingFree,
                     stack: b.frames,
+                    freed_at: u32::MAX,
+                    decided_end: None,
                 });
                 info.live_from_dump += 1;
             }
         }
     }
     drop(open);
+    decide_remainders(&mut live, trace, settings);
     live.sort_unstable_by_key(|l| l.addr);
     info.live_blocks = live.len() as u64;
 
@@ -293,6 +294,12 @@ fn tile(
                     info.uncertain_min_bytes += rounded;
                     info.uncertain_max_bytes += rounded + gap.min(settings.max_non_split_rounding);
                     rounded
+                } else if let Some(end) = l
+                    .decided_end
+                    .filter(|&e| e > l.addr + rounded && e <= l.addr + rounded + SMALL_SIZE)
+                {
+                    // A block the trace shows starting within 1 MiB after it while it lived.
+                    end - l.addr
                 } else if gap > 0 && gap <= SMALL_SIZE {
                     // Every free block of a large pool is over 1 MiB (a split leaves more, and
                     // blocks are over 1 MiB): a gap this small is the block's unsplit remainder.
@@ -327,6 +334,37 @@ fn tile(
         out.push(free_block(at, end - at));
     }
     out
+}
+
+/// A large-pool block alive before the window may hold an unsplit remainder of up to 1 MiB
+/// after its request. An `alloc` that lands within 1 MiB after the request's end while the
+/// block lives decides it: the space between cannot be free (a large pool's free blocks are
+/// over 1 MiB) nor another block (over 1 MiB too), so it is the remainder.
+fn decide_remainders(live: &mut [Live], trace: &crate::snapshot::Trace, settings: &Settings) {
+    let mut ends: BTreeMap<u64, usize> = BTreeMap::new();
+    for (k, l) in live.iter().enumerate() {
+        if l.size.is_none() {
+            let rounded = rules::round_size(l.requested, settings);
+            if !rules::is_small(rounded) {
+                ends.insert(l.addr.saturating_add(rounded), k);
+            }
+        }
+    }
+    if ends.is_empty() {
+        return;
+    }
+    for (i, e) in trace.iter().enumerate() {
+        if e.action != Action::Alloc {
+            continue;
+        }
+        let Some((&end, &k)) = ends.range(..e.addr).next_back() else {
+            continue;
+        };
+        let l = &mut live[k];
+        if e.addr - end <= SMALL_SIZE && (i as u32) < l.freed_at && l.decided_end.is_none() {
+            l.decided_end = Some(e.addr);
+        }
+    }
 }
 
 /// Removes `[addr, addr + size)` from the mapped ranges (undoing a `segment_map`).

@@ -243,7 +243,7 @@ impl State {
             let grow = |b: u32| -> u64 {
                 let blk = &self.blocks[b as usize];
                 if blk.next == NIL {
-                    u64::MAX
+                    blk.size.saturating_add(self.unmapped_after(blk.seg))
                 } else {
                     blk.size
                 }
@@ -262,6 +262,20 @@ impl State {
             return Fit::Oversize(b);
         }
         Fit::Block(b)
+    }
+
+    /// The unmapped address space after an expandable range: up to the next mapped range of
+    /// its pool (the same reservation), or the rest of the reservation (unknown: taken as
+    /// unbounded) when none follows.
+    fn unmapped_after(&self, seg: u32) -> u64 {
+        let s = &self.segs[seg as usize];
+        // Ranges of other pools may lie between; a few are looked at, not all.
+        self.seg_at
+            .range(s.end()..)
+            .take(64)
+            .map(|(_, &n)| &self.segs[n as usize])
+            .find(|n| n.expandable && n.key == s.key)
+            .map_or(u64::MAX / 2, |n| n.addr - s.end())
     }
 
     /// `alloc_found_block`: hands out block `b` for a rounded request, splitting off the
