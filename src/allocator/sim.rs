@@ -9,7 +9,7 @@ use super::fit::{why_no_fit, WhyNoFit};
 use super::rules;
 use super::settings::Settings;
 use super::start::{self, StartInfo};
-use super::state::{BlockState, Fit, PoolKey, State};
+use super::state::{BlockState, Fit, PoolKey, State, NIL};
 use crate::snapshot::{Action, BlockState as DumpState, Snapshot, TraceEntry};
 
 /// How many divergences and fragmentation `cudaMalloc`s are kept in detail.
@@ -171,8 +171,6 @@ struct Run<'a> {
     pending: Vec<(u32, TraceEntry)>,
     /// The pool of the last alloc of each stream: where an OOM's request went.
     stream_pool: FxHashMap<u64, (i64, i64)>,
-    /// Event of each `free_requested` whose completion is still to come.
-    requested_at: FxHashMap<u64, u32>,
 }
 
 pub fn simulate(
@@ -181,7 +179,9 @@ pub fn simulate(
     settings: &Settings,
     opts: &Options,
 ) -> Simulation {
+    let mut timer = crate::timing::Timer::new();
     let (state, start) = start::build(snapshot, device, settings);
+    timer.lap("allocator: state at the window start");
     let trace = snapshot.trace(device);
     let mut run = Run {
         settings,
@@ -213,7 +213,6 @@ pub fn simulate(
         rules: FxHashMap::default(),
         pending: Vec::new(),
         stream_pool: FxHashMap::default(),
-        requested_at: FxHashMap::default(),
     };
     if settings.garbage_collection_threshold > 0.0 {
         run.sim.notes.push(
@@ -245,7 +244,9 @@ pub fn simulate(
         }
     }
     run.flush(None);
+    timer.lap("allocator: replay");
     run.end_check(snapshot);
+    timer.lap("allocator: end check");
     let mut rules: Vec<(Rule, u64)> = run.rules.into_iter().collect();
     rules.sort_unstable();
     run.sim.rules = rules;
@@ -257,9 +258,11 @@ impl Run<'_> {
         *self.rules.entry(rule).or_default() += 1;
     }
 
-    fn diverge(&mut self, d: Divergence) {
+    /// Counts a divergence; the first ones are kept in detail (their texts made only then).
+    fn diverge(&mut self, d: impl FnOnce(&Self) -> Divergence) {
         self.sim.divergence_count += 1;
         if self.sim.divergences.len() < KEEP_DIVERGENCES {
+            let d = d(self);
             self.sim.divergences.push(d);
         }
     }
@@ -292,17 +295,6 @@ impl Run<'_> {
             self.used(Rule::RoundupPower2);
         }
         let small = rules::is_small(rounded);
-        let pool = self.pool_at(e.addr).unwrap_or((0, 0));
-        if pool != (0, 0) {
-            self.used(Rule::PrivatePool);
-        }
-        self.stream_pool.insert(e.stream, pool);
-        let key = PoolKey {
-            pool,
-            stream: e.stream,
-            small,
-        };
-        let key_id = self.state.key_id(key);
         let real_grows = self
             .pending
             .iter()
@@ -312,21 +304,47 @@ impl Run<'_> {
         if !real_grows {
             self.flush(None);
         }
-        let fit = self.state.find_fit(key_id, rounded, settings);
+        // The request's pool: the stream's last one, unless the real address says otherwise
+        // (looked up only when the search did not land on it).
+        let guess = self.stream_pool.get(&e.stream).copied().unwrap_or((0, 0));
+        let key_of = |pool| PoolKey {
+            pool,
+            stream: e.stream,
+            small,
+        };
+        let mut key = key_of(guess);
+        let mut key_id = self.state.key_id(key);
+        let mut fit = self.state.find_fit(key_id, rounded, settings);
+        let lands = matches!(fit, Fit::Block(b) if self.state.blocks[b as usize].addr == e.addr);
+        // Without private pools every request is in the default one.
+        if !lands && (self.state.private_pools || guess != (0, 0) || !self.pending.is_empty()) {
+            let pool = self.pool_at(e.addr).unwrap_or((0, 0));
+            if pool != guess {
+                key = key_of(pool);
+                key_id = self.state.key_id(key);
+                fit = self.state.find_fit(key_id, rounded, settings);
+                self.stream_pool.insert(e.stream, pool);
+            }
+        }
+        if key.pool != (0, 0) {
+            self.used(Rule::PrivatePool);
+        }
         if let Fit::Oversize(_) = fit {
             self.used(Rule::OversizeRefused);
         }
         let mut model: Option<u64> = None;
+        let mut chosen: Option<u32> = None;
         let mut rule = Rule::BestFit;
         match (fit, real_grows) {
             (Fit::Block(b), false) => {
                 self.used(Rule::BestFit);
                 model = Some(self.state.blocks[b as usize].addr);
+                chosen = Some(b);
             }
             (Fit::Block(b), true) => {
                 let at = self.state.blocks[b as usize].addr;
                 let size = self.state.blocks[b as usize].size;
-                self.diverge(Divergence {
+                self.diverge(|_| Divergence {
                     event: i,
                     kind: "missed_malloc",
                     requested: e.size,
@@ -358,11 +376,12 @@ impl Run<'_> {
                 };
                 if let Fit::Block(b) = self.state.find_fit(key_id, rounded, settings) {
                     model = Some(self.state.blocks[b as usize].addr);
+                    chosen = Some(b);
                 }
             }
             (_, false) => {
                 self.sim.unexpected_mallocs += 1;
-                self.diverge(Divergence {
+                self.diverge(|_| Divergence {
                     event: i,
                     kind: "unexpected_malloc",
                     requested: e.size,
@@ -388,9 +407,11 @@ impl Run<'_> {
         }
         if model == Some(e.addr) {
             self.sim.placed += 1;
+            if let Some(b) = chosen {
+                return self.take(b, i, e, rounded);
+            }
         } else if let Some(at) = model {
-            let detail = self.explain_placement(key_id, rounded, at, e.addr);
-            self.diverge(Divergence {
+            self.diverge(|run| Divergence {
                 event: i,
                 kind: "placement",
                 requested: e.size,
@@ -399,7 +420,7 @@ impl Run<'_> {
                 model: Some(at),
                 real: Some(e.addr),
                 rule,
-                detail,
+                detail: run.explain_placement(key_id, rounded, at, e.addr),
             });
         }
         self.place(i, e, rounded);
@@ -408,9 +429,8 @@ impl Run<'_> {
     /// Hands out the block at the real address: where the model chose, the block it found;
     /// elsewhere the free block that holds the address, cut there.
     fn place(&mut self, i: u32, e: &TraceEntry, rounded: u64) {
-        let settings = self.settings;
         let Some(b) = self.state.block_containing(e.addr) else {
-            self.diverge(Divergence {
+            self.diverge(|_| Divergence {
                 event: i,
                 kind: "unknown_segment",
                 requested: e.size,
@@ -425,7 +445,7 @@ impl Run<'_> {
         };
         if self.state.blocks[b as usize].state != BlockState::Free {
             let at = self.state.blocks[b as usize].addr;
-            self.diverge(Divergence {
+            self.diverge(|_| Divergence {
                 event: i,
                 kind: "placement",
                 requested: e.size,
@@ -440,16 +460,22 @@ impl Run<'_> {
             });
             // Follow the trace: the old block is gone, the new one is in its place.
             self.state.free(b);
-            return self.place_free(i, e, rounded, settings);
+            return self.place_free(i, e, rounded);
         }
-        self.place_free(i, e, rounded, settings);
+        self.place_free(i, e, rounded);
     }
 
-    fn place_free(&mut self, i: u32, e: &TraceEntry, rounded: u64, settings: &Settings) {
+    fn place_free(&mut self, i: u32, e: &TraceEntry, rounded: u64) {
         let Some(b) = self.state.block_containing(e.addr) else {
             return;
         };
         let b = self.state.cut_at(b, e.addr);
+        self.take(b, i, e, rounded);
+    }
+
+    /// Hands out the free block `b`, which starts at the real address.
+    fn take(&mut self, b: u32, i: u32, e: &TraceEntry, rounded: u64) {
+        let settings = self.settings;
         let size = self.state.blocks[b as usize].size;
         let split = self
             .state
@@ -519,7 +545,7 @@ impl Run<'_> {
                     if model_grows && first_malloc && p.size == want {
                         self.sim.mallocs.predicted += 1;
                     } else if model_grows && first_malloc {
-                        self.diverge(Divergence {
+                        self.diverge(|_| Divergence {
                             event: *j,
                             kind: "segment_size",
                             requested: rounded,
@@ -547,7 +573,7 @@ impl Run<'_> {
                         if p.size <= need.max(page) || p.size == *want {
                             self.sim.maps.predicted += 1;
                         } else {
-                            self.diverge(Divergence {
+                            self.diverge(|_| Divergence {
                                 event: *j,
                                 kind: "segment_size",
                                 requested: rounded,
@@ -647,7 +673,7 @@ impl Run<'_> {
                         if self.state.seg_is_free(s) {
                             self.sim.frees.predicted += 1;
                         } else {
-                            self.diverge(Divergence {
+                            self.diverge(|_| Divergence {
                                 event: i,
                                 kind: "segment_not_free",
                                 requested: 0,
@@ -713,7 +739,7 @@ impl Run<'_> {
     }
 
     fn unknown_segment(&mut self, i: u32, e: &TraceEntry, what: &str) {
-        self.diverge(Divergence {
+        self.diverge(|_| Divergence {
             event: i,
             kind: "unknown_segment",
             requested: 0,
@@ -729,21 +755,19 @@ impl Run<'_> {
     fn free_requested(&mut self, i: u32, e: &TraceEntry) {
         match self.live_block_at(e.addr) {
             Some(b) => {
-                self.state.mark_pending(b);
-                self.requested_at.insert(e.addr, i);
+                self.state.mark_pending(b, i);
             }
             None => self.unknown_free(i, e),
         }
     }
 
     fn free_completed(&mut self, i: u32, e: &TraceEntry) {
-        if let Some(at) = self.requested_at.remove(&e.addr) {
-            if at + 1 != i {
-                self.used(Rule::DelayedFree);
-            }
-        }
         match self.live_block_at(e.addr) {
             Some(b) => {
+                let at = self.state.blocks[b as usize].freed_at;
+                if at != NIL && at + 1 != i {
+                    self.used(Rule::DelayedFree);
+                }
                 self.state.free(b);
             }
             None => self.unknown_free(i, e),
@@ -757,7 +781,7 @@ impl Run<'_> {
 
     fn unknown_free(&mut self, i: u32, e: &TraceEntry) {
         self.sim.unknown_frees += 1;
-        self.diverge(Divergence {
+        self.diverge(|_| Divergence {
             event: i,
             kind: "unknown_free",
             requested: e.size,
@@ -788,7 +812,7 @@ impl Run<'_> {
         if !reproduced {
             let Fit::Block(b) = fit else { unreachable!() };
             let at = self.state.blocks[b as usize].addr;
-            self.diverge(Divergence {
+            self.diverge(|_| Divergence {
                 event: i,
                 kind: "oom_fits",
                 requested: rounded,

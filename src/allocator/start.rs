@@ -96,11 +96,21 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             plain.insert(s.address, info_);
         }
     }
-    for (i, e) in trace.range(0..trace.len()).enumerate().rev() {
+    let mut segment_events: Vec<u32> = Vec::new();
+    trace.for_each_core(0..trace.len(), |i, c| {
+        if matches!(
+            c.action,
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
+        ) {
+            segment_events.push(i as u32);
+        }
+    });
+    for &i in segment_events.iter().rev() {
+        let e = trace.at(i as usize);
         match e.action {
             Action::SegmentAlloc => {
                 if let Some(seg) = plain.remove(&e.addr) {
-                    info.new_segment_keys.insert(i as u32, seg.key);
+                    info.new_segment_keys.insert(i, seg.key);
                 } else {
                     info.problem("segment_alloc_unknown", || {
                         format!(
@@ -147,7 +157,7 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
     }
     let mut open: FxHashMap<u64, Open> = FxHashMap::default();
     let mut live: Vec<Live> = Vec::new();
-    for (i, e) in trace.iter().enumerate() {
+    trace.for_each_core(0..trace.len(), |i, e| {
         let i = i as u32;
         match e.action {
             Action::Alloc => {
@@ -182,7 +192,7 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             }
             _ => {}
         }
-    }
+    });
     for s in snapshot.segments_of(device) {
         for b in &s.blocks {
             if b.state.is_active() && !open.contains_key(&b.address) {
@@ -205,7 +215,8 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
     info.live_blocks = live.len() as u64;
 
     // Each segment with its live blocks, the gaps free.
-    let mut state = State::default();
+    let mut built: Vec<(u64, u64, PoolKey, bool, Vec<Block>)> = Vec::new();
+    let mut prev_end = 0u64;
     let mut live = live.into_iter().peekable();
     let mut segments: Vec<(u64, SegInfo, bool)> = plain
         .into_iter()
@@ -226,7 +237,7 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             });
             live.next();
         }
-        if state.overlaps(addr, seg.size) {
+        if addr < prev_end {
             info.problem("overlapping_segments", || {
                 format!("segment {addr:#x} overlaps another segment")
             });
@@ -247,7 +258,13 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             settings,
             &mut info,
         );
-        state.add_segment(addr, seg.size, seg.key, expandable, blocks);
+        let blocks = if blocks.is_empty() {
+            vec![free_block(addr, seg.size)]
+        } else {
+            blocks
+        };
+        built.push((addr, seg.size, seg.key, expandable, blocks));
+        prev_end = end;
         info.segments += 1;
         info.reserved_bytes = info.reserved_bytes.saturating_add(seg.size);
     }
@@ -257,7 +274,7 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
             format!("the block at {a:#x} alive at the window start is in no segment")
         });
     }
-    (state, info)
+    (State::build(built), info)
 }
 
 /// The blocks of one segment `[addr, end)`: the live ones sized, the gaps free.
@@ -327,6 +344,8 @@ fn tile(
             requested: l.requested,
             stack: l.stack,
             birth: NIL,
+            // Pending since before the window: its completion in the window is a delayed free.
+            freed_at: if l.pending { NIL - 1 } else { NIL },
         });
         at = l.addr + size;
     }
@@ -341,30 +360,41 @@ fn tile(
 /// block lives decides it: the space between cannot be free (a large pool's free blocks are
 /// over 1 MiB) nor another block (over 1 MiB too), so it is the remainder.
 fn decide_remainders(live: &mut [Live], trace: &crate::snapshot::Trace, settings: &Settings) {
-    let mut ends: BTreeMap<u64, usize> = BTreeMap::new();
+    // Candidates by the MiB their request ends in: an alloc looks in its MiB and the one before.
+    let mut ends: FxHashMap<u64, Vec<(u64, usize)>> = FxHashMap::default();
     for (k, l) in live.iter().enumerate() {
         if l.size.is_none() {
             let rounded = rules::round_size(l.requested, settings);
             if !rules::is_small(rounded) {
-                ends.insert(l.addr.saturating_add(rounded), k);
+                let end = l.addr.saturating_add(rounded);
+                ends.entry(end >> 20).or_default().push((end, k));
             }
         }
     }
     if ends.is_empty() {
         return;
     }
-    for (i, e) in trace.iter().enumerate() {
+    trace.for_each_core(0..trace.len(), |i, e| {
         if e.action != Action::Alloc {
-            continue;
+            return;
         }
-        let Some((&end, &k)) = ends.range(..e.addr).next_back() else {
-            continue;
-        };
-        let l = &mut live[k];
-        if e.addr - end <= SMALL_SIZE && (i as u32) < l.freed_at && l.decided_end.is_none() {
-            l.decided_end = Some(e.addr);
+        let mib = e.addr >> 20;
+        for bucket in [mib, mib.wrapping_sub(1)] {
+            let Some(list) = ends.get(&bucket) else {
+                continue;
+            };
+            for &(end, k) in list.iter().take(8) {
+                let l = &mut live[k];
+                if end < e.addr
+                    && e.addr - end <= SMALL_SIZE
+                    && (i as u32) < l.freed_at
+                    && l.decided_end.is_none()
+                {
+                    l.decided_end = Some(e.addr);
+                }
+            }
         }
-    }
+    });
 }
 
 /// Removes `[addr, addr + size)` from the mapped ranges (undoing a `segment_map`).

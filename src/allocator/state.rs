@@ -1,7 +1,7 @@
 //! The allocator's state: segments cut into blocks, and the free blocks of each pool kept in
 //! the order the allocator searches them (`BlockPool`: stream, size, address).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
@@ -32,6 +32,8 @@ pub struct Block {
     pub stack: StackId,
     /// The trace event that allocated it; `NIL` for a block alive before the window.
     pub birth: u32,
+    /// The event of its `free_requested` while it is pending.
+    pub freed_at: u32,
 }
 
 impl Block {
@@ -53,6 +55,8 @@ pub struct Seg {
     pub addr: u64,
     pub size: u64,
     pub key: PoolKey,
+    /// `key`'s index in the state's free lists.
+    pub key_id: u32,
     pub expandable: bool,
     pub first: u32,
     pub alive: bool,
@@ -73,11 +77,14 @@ pub struct State {
     pub segs: Vec<Seg>,
     /// Start address → segment, for the live segments.
     pub seg_at: BTreeMap<u64, u32>,
-    /// Free blocks per pool key, as (size, address, block).
-    free: Vec<BTreeSet<(u64, u64, u32)>>,
+    /// Free blocks per pool key: (size, address) packed in one number, the order the
+    /// allocator searches them in, to the block.
+    free: Vec<BTreeMap<u128, u32>>,
     pub free_bytes: Vec<u64>,
     pub keys: Vec<PoolKey>,
     key_index: FxHashMap<PoolKey, u32>,
+    /// Whether any pool but the default one has been seen.
+    pub private_pools: bool,
 }
 
 impl State {
@@ -86,9 +93,10 @@ impl State {
             return k;
         }
         let k = self.keys.len() as u32;
+        self.private_pools |= key.pool != (0, 0);
         self.keys.push(key);
         self.key_index.insert(key, k);
-        self.free.push(BTreeSet::new());
+        self.free.push(BTreeMap::new());
         self.free_bytes.push(0);
         k
     }
@@ -111,15 +119,14 @@ impl State {
     }
 
     fn seg_key(&self, seg: u32) -> u32 {
-        let key = self.segs[seg as usize].key;
-        self.key_index[&key]
+        self.segs[seg as usize].key_id
     }
 
     fn free_insert(&mut self, b: u32) {
         let blk = &self.blocks[b as usize];
         let (size, addr) = (blk.size, blk.addr);
         let k = self.seg_key(blk.seg) as usize;
-        self.free[k].insert((size, addr, b));
+        self.free[k].insert(order(size, addr), b);
         self.free_bytes[k] = self.free_bytes[k].saturating_add(size);
     }
 
@@ -127,7 +134,7 @@ impl State {
         let blk = &self.blocks[b as usize];
         let (size, addr) = (blk.size, blk.addr);
         let k = self.seg_key(blk.seg) as usize;
-        if self.free[k].remove(&(size, addr, b)) {
+        if self.free[k].remove(&order(size, addr)).is_some() {
             self.free_bytes[k] = self.free_bytes[k].saturating_sub(size);
         }
     }
@@ -163,7 +170,7 @@ impl State {
         expandable: bool,
         mut blocks: Vec<Block>,
     ) -> u32 {
-        self.key_id(key);
+        let key_id = self.key_id(key);
         let seg = self.segs.len() as u32;
         if blocks.is_empty() {
             blocks.push(free_block(addr, size));
@@ -172,6 +179,7 @@ impl State {
             addr,
             size,
             key,
+            key_id,
             expandable,
             first: NIL,
             alive: true,
@@ -195,6 +203,54 @@ impl State {
             prev = id;
         }
         seg
+    }
+
+    /// A state made of whole segments at once (address order, each tiled by its blocks): the
+    /// indexes are built from sorted lists instead of one insertion at a time.
+    pub fn build(segments: Vec<(u64, u64, PoolKey, bool, Vec<Block>)>) -> State {
+        let mut st = State::default();
+        let mut addrs: Vec<(u64, u32)> = Vec::new();
+        let mut seg_addrs: Vec<(u64, u32)> = Vec::with_capacity(segments.len());
+        let mut free: Vec<Vec<(u128, u32)>> = Vec::new();
+        for (addr, size, key, expandable, blocks) in segments {
+            let key_id = st.key_id(key);
+            if free.len() < st.keys.len() {
+                free.resize_with(st.keys.len(), Vec::new);
+            }
+            let seg = st.segs.len() as u32;
+            seg_addrs.push((addr, seg));
+            let first = st.blocks.len() as u32;
+            let n = blocks.len() as u32;
+            for (k, mut b) in blocks.into_iter().enumerate() {
+                let id = first + k as u32;
+                b.seg = seg;
+                b.prev = if k == 0 { NIL } else { id - 1 };
+                b.next = if k as u32 + 1 == n { NIL } else { id + 1 };
+                addrs.push((b.addr, id));
+                if b.state == BlockState::Free {
+                    free[key_id as usize].push((order(b.size, b.addr), id));
+                    st.free_bytes[key_id as usize] =
+                        st.free_bytes[key_id as usize].saturating_add(b.size);
+                }
+                st.blocks.push(b);
+            }
+            st.segs.push(Seg {
+                addr,
+                size,
+                key,
+                key_id,
+                expandable,
+                first: if n == 0 { NIL } else { first },
+                alive: true,
+            });
+        }
+        st.by_addr = addrs.into_iter().collect();
+        st.seg_at = seg_addrs.into_iter().collect();
+        for (k, mut list) in free.into_iter().enumerate() {
+            list.sort_unstable();
+            st.free[k] = list.into_iter().collect();
+        }
+        st
     }
 
     /// Removes a segment and its blocks; returns how many of them were not free.
@@ -231,10 +287,11 @@ impl State {
     /// `get_free_block`: the best fit in the pool for a rounded request, or why there is none.
     pub fn find_fit(&self, key: u32, rounded: u64, settings: &Settings) -> Fit {
         let set = &self.free[key as usize];
-        let mut it = set.range((rounded, 0, 0)..);
-        let Some(&(mut size, _, mut b)) = it.next() else {
+        let mut it = set.range(order(rounded, 0)..);
+        let Some((&first, &b)) = it.next() else {
             return Fit::None;
         };
+        let (mut size, mut b) = ((first >> 64) as u64, b);
         if settings.expandable_segments
             && self.segs[self.blocks[b as usize].seg as usize].expandable
         {
@@ -248,7 +305,8 @@ impl State {
                     blk.size
                 }
             };
-            for &(s2, _, b2) in it {
+            for (&o2, &b2) in it {
+                let s2 = (o2 >> 64) as u64;
                 if !self.segs[self.blocks[b2 as usize].seg as usize].expandable
                     || grow(b2) >= grow(b)
                 {
@@ -318,6 +376,7 @@ impl State {
         blk.requested = requested;
         blk.stack = stack;
         blk.birth = birth;
+        blk.freed_at = NIL;
         split
     }
 
@@ -351,9 +410,11 @@ impl State {
     }
 
     /// `free_requested`: the block stays in place, not reusable.
-    pub fn mark_pending(&mut self, b: u32) {
-        if self.blocks[b as usize].state == BlockState::Allocated {
-            self.blocks[b as usize].state = BlockState::Pending;
+    pub fn mark_pending(&mut self, b: u32, event: u32) {
+        let blk = &mut self.blocks[b as usize];
+        if blk.state == BlockState::Allocated {
+            blk.state = BlockState::Pending;
+            blk.freed_at = event;
         }
     }
 
@@ -518,10 +579,12 @@ impl State {
             // The blocks after the hole form a mapped range of their own.
             self.blocks[next as usize].prev = NIL;
             let new = self.segs.len() as u32;
+            let key_id = self.segs[seg as usize].key_id;
             self.segs.push(Seg {
                 addr: end,
                 size: seg_end - end,
                 key,
+                key_id,
                 expandable: true,
                 first: next,
                 alive: true,
@@ -554,9 +617,9 @@ impl State {
     /// The largest free block of a pool key.
     pub fn largest_free(&self, key: u32) -> u64 {
         self.free[key as usize]
-            .iter()
+            .keys()
             .next_back()
-            .map_or(0, |&(s, _, _)| s)
+            .map_or(0, |&o| (o >> 64) as u64)
     }
 }
 
@@ -578,6 +641,11 @@ impl<'a> Iterator for SegBlocks<'a> {
     }
 }
 
+/// A free block's place in its pool's search order: by size, then address.
+fn order(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
 /// A free block (list links set by the caller).
 pub fn free_block(addr: u64, size: u64) -> Block {
     Block {
@@ -590,6 +658,7 @@ pub fn free_block(addr: u64, size: u64) -> Block {
         requested: 0,
         stack: StackId::EMPTY,
         birth: NIL,
+        freed_at: NIL,
     }
 }
 

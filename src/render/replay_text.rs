@@ -243,9 +243,12 @@ fn device_blocks(out: &mut Vec<Block>, path: &str, d: &ReplayDevice) {
                         format_bytes(f)
                     ),
                     (Some(f), _) => format!(
-                        "; cudaMalloc of {}, device free {}",
+                        "; its cudaMalloc of {} was within the device's free {}, so a limit \
+                         refused it (a per-process memory fraction, or {} already reserved \
+                         against another cap)",
                         format_bytes(o.segment_bytes),
-                        format_bytes(f)
+                        format_bytes(f),
+                        format_bytes(o.why.reserved_bytes)
                     ),
                     _ => String::new(),
                 },

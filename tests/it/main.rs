@@ -1,5 +1,6 @@
 //! One integration-test binary; each module covers one capability.
 
+mod allocator;
 mod analysis;
 mod captured;
 mod categories;
