@@ -104,8 +104,10 @@ mod tests {
         assert_eq!(round_size(1, &s), 512);
         assert_eq!(round_size(513, &s), 1024);
         assert_eq!(round_size(3 * MIB + 1, &s), 3 * MIB + 512);
-        let mut four = Settings::default();
-        four.roundup_power2_divisions = [4; 16];
+        let four = Settings {
+            roundup_power2_divisions: [4; 16],
+            ..Default::default()
+        };
         // The format doc's example: 1200 MiB with 4 divisions → 1280 MiB.
         assert_eq!(round_size(1200 * MIB, &four), 1280 * MIB);
         assert_eq!(round_size(1024 * MIB, &four), 1024 * MIB);
@@ -124,8 +126,10 @@ mod tests {
         assert!(!should_split(4 * MIB, 3 * MIB, false, &s));
         assert!(should_split(4 * MIB + 512, 3 * MIB, false, &s));
         assert!(should_split(2 * MIB, 2 * MIB - 512, true, &s));
-        let mut m = Settings::default();
-        m.max_split_size = Some(64 * MIB);
+        let m = Settings {
+            max_split_size: Some(64 * MIB),
+            ..Default::default()
+        };
         assert!(oversize_refused(64 * MIB, 2 * MIB, &m));
         assert!(!oversize_refused(80 * MIB, 64 * MIB, &m));
         assert!(oversize_refused(84 * MIB, 64 * MIB, &m));

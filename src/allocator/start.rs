@@ -164,7 +164,9 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                 open.insert(e.addr, Open::Allocated);
             }
             Action::FreeRequested => {
-                if open.insert(e.addr, Open::Requested).is_none() {
+                // A free of a block the window did not allocate: alive at the start.
+                let before_window = open.insert(e.addr, Open::Requested).is_none();
+                if before_window {
                     live.push(Live {
                         addr: e.addr,
                         size: None,
@@ -177,7 +179,9 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                 }
             }
             Action::FreeCompleted => {
-                if open.remove(&e.addr).is_none() {
+                // Its free_requested came before the window too: pending at the start.
+                let before_window = open.remove(&e.addr).is_none();
+                if before_window {
                     live.push(Live {
                         addr: e.addr,
                         size: None,

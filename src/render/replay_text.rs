@@ -174,7 +174,7 @@ fn device_blocks(out: &mut Vec<Block>, path: &str, d: &ReplayDevice) {
                 e.matching_blocks, e.dump_blocks, e.matching_segments, e.dump_segments, m
             ),
         },
-        if e.first_mismatch.is_none() { None } else { None },
+        None,
     ));
     match &d.first_divergence {
         None => out.push(Block::Para("No divergence.".to_owned(), Some(Tone::Good))),
