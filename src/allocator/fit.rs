@@ -241,7 +241,8 @@ fn min_window(state: &State, s: u32, rounded: u64) -> Option<(u64, u32, u32, u32
             }
             lo += 1;
         }
-        if span >= rounded && live > 0 && best.is_none_or(|b| live < b.0) {
+        // Pinners hold a hole open: fewer live bytes than the request they keep out.
+        if span >= rounded && live > 0 && live < rounded && best.is_none_or(|b| live < b.0) {
             best = Some((live, lo, hi, span));
         }
     }

@@ -21,6 +21,9 @@ const KEEP_OOMS: usize = 64;
 pub struct Options {
     /// Keep the model's address of every `alloc` (`replay --full`).
     pub placements: bool,
+    /// Explain only the OOMs at these events (sorted), and no `cudaMalloc`s: what the report
+    /// needs. `None`: the first OOMs and `cudaMalloc`s, as `replay` shows them.
+    pub only_ooms: Option<Vec<u32>>,
 }
 
 /// Which rule decided a model's choice.
@@ -163,6 +166,7 @@ pub struct Simulation {
 
 struct Run<'a> {
     settings: &'a Settings,
+    only_ooms: Option<&'a [u32]>,
     state: State,
     sim: Simulation,
     rules: FxHashMap<Rule, u64>,
@@ -185,6 +189,7 @@ pub fn simulate(
     let trace = snapshot.trace(device);
     let mut run = Run {
         settings,
+        only_ooms: opts.only_ooms.as_deref(),
         state,
         sim: Simulation {
             device,
@@ -613,7 +618,7 @@ impl Run<'_> {
 
     fn unfit_malloc(&mut self, i: u32, key: u32, rounded: u64, snapshot: &Snapshot) {
         self.sim.unfit_count += 1;
-        if self.sim.unfit.len() < KEEP_UNFIT {
+        if self.sim.unfit.len() < KEEP_UNFIT && self.only_ooms.is_none() {
             let why = why_no_fit(
                 &self.state,
                 key,
@@ -827,7 +832,14 @@ impl Run<'_> {
             });
         }
         self.sim.oom_count += 1;
-        if self.sim.ooms.len() < KEEP_OOMS {
+        // The cached segments released on the way to the OOM are gone when it is raised: the
+        // layout it reports (and its message's "reserved but unallocated") is the one after.
+        self.flush(None);
+        let wanted = match self.only_ooms {
+            Some(list) => list.binary_search(&i).is_ok(),
+            None => self.sim.ooms.len() < KEEP_OOMS,
+        };
+        if wanted {
             let why = why_no_fit(
                 &self.state,
                 key_id,
@@ -845,7 +857,6 @@ impl Run<'_> {
                 why,
             });
         }
-        self.flush(None);
     }
 
     /// The model's blocks at the end against the dump's block table.

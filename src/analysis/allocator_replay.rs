@@ -17,7 +17,10 @@ pub fn replay_file(
     notes: &[String],
     full: bool,
 ) -> ReplayFile {
-    let opts = allocator::Options { placements: full };
+    let opts = allocator::Options {
+        placements: full,
+        only_ooms: None,
+    };
     let devices: Vec<i64> = snapshot
         .devices()
         .into_iter()

@@ -550,6 +550,50 @@ fn oom_report(
         ),
         segments,
         segments_omitted,
+        why: None,
+        reproduced_by_model: None,
+    }
+}
+
+/// The allocator model at the detailed OOMs: its exact largest usable hole (same pool, stream
+/// and size class) replaces the layout's estimate, and its causal chain is added.
+fn allocator_at_ooms(
+    snapshot: &Snapshot,
+    device: i64,
+    events: Vec<u32>,
+) -> crate::allocator::Simulation {
+    let (settings, _) = crate::allocator::Settings::from_snapshot(snapshot);
+    let opts = crate::allocator::Options {
+        placements: false,
+        only_ooms: Some(events),
+    };
+    crate::allocator::simulate(snapshot, device, &settings, &opts)
+}
+
+fn apply_allocator(
+    report: &mut DeviceReport,
+    sim: &crate::allocator::Simulation,
+    snapshot: &Snapshot,
+) {
+    let trace = snapshot.trace(sim.device);
+    let time = |e: u32| trace.get(e as usize).and_then(|t| t.time_us);
+    for o in &mut report.oom {
+        let Some(m) = sim.ooms.iter().find(|m| m.event == o.event_index) else {
+            continue;
+        };
+        let why =
+            super::allocator_replay::why_out(&m.why, &snapshot.interner, m.event, &time, true);
+        o.largest_free_block_bytes = why.pool_largest_free_bytes;
+        o.verdict = if o.reserved_unallocated_bytes >= o.requested_bytes
+            && o.largest_free_block_bytes < o.requested_bytes
+        {
+            "fragmentation"
+        } else {
+            "full"
+        }
+        .to_owned();
+        o.reproduced_by_model = Some(m.reproduced);
+        o.why = Some(why);
     }
 }
 
@@ -575,7 +619,15 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         },
     );
     timer.lap("replay, phases and trace summary");
-    let mut report = device_report_with(snapshot, device, options, &replay, phases, &summary, dump);
+    // The allocator model runs only where there is an OOM to explain, beside the rest.
+    let (detailed, _) = ooms_detailed(snapshot.trace(device), &summary.ooms);
+    let (mut report, sim) = rayon::join(
+        || device_report_with(snapshot, device, options, &replay, phases, &summary, dump),
+        || (!detailed.is_empty()).then(|| allocator_at_ooms(snapshot, device, detailed.clone())),
+    );
+    if let Some(sim) = &sim {
+        apply_allocator(&mut report, sim, snapshot);
+    }
     report.data_quality = super::quality::device_quality(&replay, checks, &summary);
     report
         .data_quality

@@ -285,6 +285,13 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
             None => s.push('.'),
         }
     }
+    if let Some(why) = &o.why {
+        let _ = write!(
+            s,
+            " Allocator replay: {}.",
+            crate::analysis::allocator_replay::summary(why, true, &|c| safe::name(c))
+        );
+    }
     s
 }
 

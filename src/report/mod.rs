@@ -515,6 +515,13 @@ pub struct Oom {
     /// What a capped `segments` left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segments_omitted: Option<OmittedSegments>,
+    /// Why the request did not fit, from the allocator model's exact layout at this event
+    /// (as `snapscan replay` gives it); absent where the model did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<replay::WhyOut>,
+    /// Whether the model, too, found no cached block that fits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reproduced_by_model: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

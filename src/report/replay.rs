@@ -4,19 +4,19 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplayOutput {
     pub schema_version: u32,
     pub files: Vec<ReplayFile>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplayFile {
     pub path: String,
     pub devices: Vec<ReplayDevice>,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SettingsOut {
     /// `PYTORCH_CUDA_ALLOC_CONF` syntax of what the model followed.
     pub conf: String,
@@ -31,7 +31,7 @@ pub struct SettingsOut {
     pub large_segment_size: u64,
 }
 
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Predicted {
     /// In the trace.
     pub real: u64,
@@ -40,7 +40,7 @@ pub struct Predicted {
     pub predicted: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DivergenceOut {
     pub event: u32,
     pub kind: String,
@@ -54,7 +54,7 @@ pub struct DivergenceOut {
     pub detail: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StartOut {
     pub segments: u64,
     pub reserved_bytes: u64,
@@ -69,14 +69,14 @@ pub struct StartOut {
     pub problems: Vec<ProblemOut>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProblemOut {
     pub kind: String,
     pub count: u64,
     pub first: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndOut {
     pub dump_segments: u64,
     pub matching_segments: u64,
@@ -87,13 +87,13 @@ pub struct EndOut {
     pub first_mismatch: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RuleCount {
     pub rule: String,
     pub count: u64,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RulesOut {
     /// Rules that decided something in this trace, with how often.
     pub exercised: Vec<RuleCount>,
@@ -101,7 +101,7 @@ pub struct RulesOut {
     pub not_exercised: Vec<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PoolOut {
     /// `(0, 0)` is the default pool.
     pub pool_id: [i64; 2],
@@ -110,7 +110,7 @@ pub struct PoolOut {
     pub size_class: String,
 }
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UnusableOut {
     pub holes_too_small: u64,
     pub oversize: u64,
@@ -119,7 +119,7 @@ pub struct UnusableOut {
     pub other_size_class: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SplitSegmentOut {
     pub address: u64,
     pub size: u64,
@@ -128,7 +128,7 @@ pub struct SplitSegmentOut {
     pub live_blocks: u64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PinnerOut {
     pub address: u64,
     pub size: u64,
@@ -140,7 +140,7 @@ pub struct PinnerOut {
     pub age_s: Option<f64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HolderOut {
     pub call_site: Option<String>,
     pub blocks: u64,
@@ -149,7 +149,7 @@ pub struct HolderOut {
 }
 
 /// Why a request did not fit, from the model's exact layout at its event.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WhyOut {
     pub request_bytes: u64,
     pub pool: PoolOut,
@@ -175,7 +175,7 @@ pub struct WhyOut {
     pub summary: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct OomOut {
     pub event: u32,
     pub request_bytes: u64,
@@ -190,21 +190,21 @@ pub struct OomOut {
     pub why: WhyOut,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UnfitMallocOut {
     pub event: u32,
     pub segment_bytes: u64,
     pub why: WhyOut,
 }
 
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PlacementOut {
     pub event: u32,
     /// Null where the model asked for a new segment and the real allocator made none.
     pub address: Option<u64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplayDevice {
     pub device: i64,
     pub events: u64,
