@@ -244,6 +244,54 @@ pub enum Command {
         #[arg(long)]
         salvage: bool,
     },
+    /// Would a change have fitted? Replays the run's requests through the allocator model
+    /// under other allocator settings, another capacity, or with requests scaled or removed,
+    /// and gives the peaks and every OOM beside the real run's.
+    #[command(
+        after_help = "Examples:\n  snapscan whatif --set expandable_segments:True speicher.pickle\n  snapscan whatif --scale batch=0.5 speicher.pickle\n  snapscan whatif --gpu A100-80GB --optimizer 8bit speicher.pickle\n  snapscan whatif --set expandable_segments:True --search speicher.pickle\nCategories for --scale: batch, activations, gradients, optimizer_state, temporary, kv_cache.\nGPUs for --gpu: A100-40GB, A100-80GB, H100-80GB, H200, L4, A10G, RTX4090, RTX3090, T4, V100-16GB, V100-32GB."
+    )]
+    Whatif {
+        /// Snapshot files (`-` for stdin).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax (e.g.
+        /// `expandable_segments:True,max_split_size_mb:256`); one the model does not
+        /// implement is refused.
+        #[arg(long, value_name = "CONF")]
+        set: Option<String>,
+        /// What PyTorch may reserve (e.g. 24GiB); default: what the real run could, found at
+        /// its OOM, or no limit.
+        #[arg(long, value_parser = crate::units::parse_size, conflicts_with = "gpu")]
+        capacity: Option<u64>,
+        /// The capacity of a named card, less a CUDA context.
+        #[arg(long)]
+        gpu: Option<String>,
+        /// CATEGORY=F: scale the requests of a category (or `batch`: the activations and
+        /// temporaries of the forward and backward passes) by F. Repeatable.
+        #[arg(long, value_name = "CATEGORY=F")]
+        scale: Vec<String>,
+        /// Remove the requests of a call site (as the report names it, or a glob). Repeatable.
+        #[arg(long, value_name = "CALLSITE")]
+        drop: Vec<String>,
+        /// `8bit`: optimizer state at 1 byte per value; `paged`: off the device.
+        #[arg(long)]
+        optimizer: Option<String>,
+        /// Bisect for the largest batch factor that fits (with a capacity), or else the
+        /// smallest capacity that fits.
+        #[arg(long)]
+        search: bool,
+        /// Add the reserved curve of both runs to the JSON.
+        #[arg(long)]
+        full: bool,
+    },
     /// Finds CUDA out-of-memory messages in a log (PyTorch 1.0–2.x wordings) and gives, for each,
     /// the figures, a verdict (fragmentation, other_processes, full, unknown) and first actions:
     /// for CI runs that kept a log but no snapshot.
@@ -673,6 +721,63 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 Format::Json => crate::render::json(&out),
                 Format::Text => crate::render::replay_text::text(&out, color).into_bytes(),
                 Format::Markdown => crate::render::replay_text::markdown(&out).into_bytes(),
+            };
+            exit_soon(loaded);
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
+        Command::Whatif {
+            files,
+            device,
+            format,
+            output,
+            set,
+            capacity,
+            gpu,
+            scale,
+            drop,
+            optimizer,
+            search,
+            full,
+        } => {
+            let mut scales = Vec::new();
+            for s in &scale {
+                let (what, f) = s
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--scale {s}: expected CATEGORY=FACTOR"))?;
+                let f: f64 = f
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("--scale {s}: `{f}` is not a number"))?;
+                scales.push((what.to_owned(), f));
+            }
+            let request = analysis::whatif::Request {
+                set,
+                capacity,
+                gpu,
+                scales,
+                drops: drop,
+                optimizer,
+                search,
+                full,
+            };
+            analysis::whatif::validate(&request).map_err(|e| anyhow::anyhow!(e))?;
+            let loaded = load_all(&files)?;
+            let files = loaded
+                .par_iter()
+                .map(|l| analysis::whatif::whatif_file(&l.name, &l.snapshot, device, &request))
+                .collect();
+            let out = crate::report::whatif::WhatifOutput {
+                schema_version: SCHEMA_VERSION,
+                files,
+            };
+            let color = output.is_none() && crate::render::style::stdout_allows_color();
+            let bytes = match format {
+                Format::Json => crate::render::json(&out),
+                Format::Text => crate::render::whatif_text::text(&out, color).into_bytes(),
+                Format::Markdown => crate::render::whatif_text::markdown(&out).into_bytes(),
             };
             exit_soon(loaded);
             Ok(Outcome {

@@ -9,6 +9,7 @@ pub mod settings;
 mod sim;
 mod start;
 pub mod state;
+pub mod whatif;
 
 pub use fit::{Holder, Pinner, SplitSegment, Unusable, WhyNoFit};
 pub use settings::{Settings, SettingsError};
@@ -17,3 +18,4 @@ pub use sim::{
     UnfitMalloc,
 };
 pub use start::StartInfo;
+pub use whatif::{whatif, Changes, Outcome, WhatifOom};

@@ -161,6 +161,12 @@ pub struct Simulation {
     pub placements: Vec<(u32, Option<u64>)>,
     /// Frees of addresses that hold no block in the model.
     pub unknown_frees: u64,
+    /// The allocs that went to a private pool (CUDA graphs, MemPools), with the pool.
+    pub private_allocs: FxHashMap<u32, (i64, i64)>,
+    /// Σ block bytes of live allocations and Σ segment bytes, at their highest, with the event
+    /// after which each was reached (`None`: at the window start).
+    pub peak_allocated: (u64, Option<u32>),
+    pub peak_reserved: (u64, Option<u32>),
     pub notes: Vec<String>,
 }
 
@@ -213,6 +219,9 @@ pub fn simulate(
             rules: Vec::new(),
             placements: Vec::new(),
             unknown_frees: 0,
+            private_allocs: FxHashMap::default(),
+            peak_allocated: (0, None),
+            peak_reserved: (0, None),
             notes: Vec::new(),
         },
         rules: FxHashMap::default(),
@@ -246,6 +255,13 @@ pub fn simulate(
                 run.free_completed(i, &e);
             }
             _ => run.flush(None),
+        }
+        let st = &run.state;
+        if st.allocated > run.sim.peak_allocated.0 {
+            run.sim.peak_allocated = (st.allocated, Some(i));
+        }
+        if st.reserved > run.sim.peak_reserved.0 {
+            run.sim.peak_reserved = (st.reserved, Some(i));
         }
     }
     run.flush(None);
@@ -333,6 +349,7 @@ impl Run<'_> {
         }
         if key.pool != (0, 0) {
             self.used(Rule::PrivatePool);
+            self.sim.private_allocs.insert(i, key.pool);
         }
         if let Fit::Oversize(_) = fit {
             self.used(Rule::OversizeRefused);

@@ -85,6 +85,10 @@ pub struct State {
     key_index: FxHashMap<PoolKey, u32>,
     /// Whether any pool but the default one has been seen.
     pub private_pools: bool,
+    /// Σ segment bytes (`memory_reserved()`) and Σ bytes of blocks not free (allocated or
+    /// pending: `memory_allocated()` counts a block until its free completes).
+    pub reserved: u64,
+    pub allocated: u64,
 }
 
 impl State {
@@ -185,6 +189,7 @@ impl State {
             alive: true,
         });
         self.seg_at.insert(addr, seg);
+        self.reserved = self.reserved.saturating_add(size);
         let mut prev = NIL;
         for mut b in blocks {
             b.seg = seg;
@@ -199,6 +204,8 @@ impl State {
             self.by_addr.insert(self.blocks[id as usize].addr, id);
             if self.blocks[id as usize].state == BlockState::Free {
                 self.free_insert(id);
+            } else {
+                self.allocated = self.allocated.saturating_add(self.blocks[id as usize].size);
             }
             prev = id;
         }
@@ -231,9 +238,12 @@ impl State {
                     free[key_id as usize].push((order(b.size, b.addr), id));
                     st.free_bytes[key_id as usize] =
                         st.free_bytes[key_id as usize].saturating_add(b.size);
+                } else {
+                    st.allocated = st.allocated.saturating_add(b.size);
                 }
                 st.blocks.push(b);
             }
+            st.reserved = st.reserved.saturating_add(size);
             st.segs.push(Seg {
                 addr,
                 size,
@@ -263,6 +273,7 @@ impl State {
                 self.free_remove(b);
             } else {
                 live += 1;
+                self.allocated = self.allocated.saturating_sub(self.blocks[b as usize].size);
             }
             self.by_addr.remove(&self.blocks[b as usize].addr);
             self.spare.push(b);
@@ -271,6 +282,7 @@ impl State {
         let s = &mut self.segs[seg as usize];
         s.alive = false;
         s.first = NIL;
+        self.reserved = self.reserved.saturating_sub(s.size);
         let addr = s.addr;
         self.seg_at.remove(&addr);
         live
@@ -373,6 +385,7 @@ impl State {
         }
         let blk = &mut self.blocks[b as usize];
         blk.state = BlockState::Allocated;
+        self.allocated = self.allocated.saturating_add(blk.size);
         blk.requested = requested;
         blk.stack = stack;
         blk.birth = birth;
@@ -424,6 +437,7 @@ impl State {
         if self.blocks[b as usize].state == BlockState::Free {
             return b;
         }
+        self.allocated = self.allocated.saturating_sub(self.blocks[b as usize].size);
         self.blocks[b as usize].state = BlockState::Free;
         let mut b = b;
         let prev = self.blocks[b as usize].prev;
@@ -462,9 +476,11 @@ impl State {
     /// range that ends at `addr` (its free tail grows) or that starts at its end, or becomes a
     /// range of its own.
     pub fn map(&mut self, addr: u64, size: u64, key: PoolKey) {
-        let before = self
-            .seg_containing(addr.wrapping_sub(1))
-            .filter(|&s| self.segs[s as usize].end() == addr && self.segs[s as usize].expandable);
+        self.reserved = self.reserved.saturating_add(size);
+        let before = self.seg_containing(addr.wrapping_sub(1)).filter(|&s| {
+            let seg = &self.segs[s as usize];
+            seg.end() == addr && seg.expandable && seg.key == key
+        });
         let seg = match before {
             Some(s) => {
                 self.segs[s as usize].size = self.segs[s as usize].size.saturating_add(size);
@@ -485,7 +501,11 @@ impl State {
                 }
                 s
             }
-            None => self.add_segment(addr, size, key, true, Vec::new()),
+            None => {
+                // add_segment counts the range again.
+                self.reserved = self.reserved.saturating_sub(size);
+                self.add_segment(addr, size, key, true, Vec::new())
+            }
         };
         // A mapped range that starts where this one now ends is the same run.
         let end = self.segs[seg as usize].end();
@@ -555,6 +575,7 @@ impl State {
         }
         let seg = blk.seg;
         let key = self.segs[seg as usize].key;
+        self.reserved = self.reserved.saturating_sub(size);
         // Cut the block so that [addr, end) is a block of its own, then split the segment.
         let mid = self.cut_at(b, addr);
         if end < self.blocks[mid as usize].end() {

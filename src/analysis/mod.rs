@@ -15,3 +15,4 @@ pub mod quality;
 pub mod report;
 pub mod stats;
 pub mod summary;
+pub mod whatif;

@@ -25,3 +25,4 @@ pub fn json<T: Serialize>(value: &T) -> Vec<u8> {
 }
 pub mod replay_text;
 pub mod report_text;
+pub mod whatif_text;

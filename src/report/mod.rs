@@ -11,6 +11,7 @@ use crate::input::Compression;
 use crate::snapshot::Layout;
 
 pub mod replay;
+pub mod whatif;
 
 pub const SCHEMA_VERSION: u32 = 1;
 

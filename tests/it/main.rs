@@ -21,5 +21,6 @@ mod salvage;
 mod svg;
 mod synthetic;
 mod view;
+mod whatif;
 mod work;
 mod workflow;
