@@ -2,7 +2,7 @@
 //! where the peak (or the OOM) happened. `torch.cuda.empty_cache()` is never a fix: it returns
 //! cached memory to the driver but cannot create a contiguous block or lower the peak.
 
-use crate::report::{Advice, DeviceReport};
+use crate::report::{Advice, AdviceCheck, DeviceReport};
 use crate::units::format_bytes;
 
 fn advice(action: &str, reason: String, saving: Option<u64>, caveat: &str) -> Advice {
@@ -11,6 +11,7 @@ fn advice(action: &str, reason: String, saving: Option<u64>, caveat: &str) -> Ad
         reason,
         estimated_saving_bytes: saving,
         caveat: caveat.to_owned(),
+        checked: None,
     }
 }
 
@@ -262,4 +263,231 @@ pub fn advise(
         ));
     }
     out
+}
+
+/// The what-if that checks an advice, when its change can be replayed: (request, change text).
+fn replayable(action: &str) -> Option<(super::whatif::Request, String)> {
+    use super::whatif::Request;
+    let scale = |what: &str, f: f64, text: &str| {
+        Some((
+            Request {
+                scales: vec![(what.to_owned(), f)],
+                ..Request::default()
+            },
+            text.to_owned(),
+        ))
+    };
+    if action.contains("expandable_segments:True") {
+        return Some((
+            Request {
+                set: Some("expandable_segments:True".to_owned()),
+                ..Request::default()
+            },
+            "expandable_segments:True".to_owned(),
+        ));
+    }
+    if action.contains("max_split_size_mb") {
+        return Some((
+            Request {
+                set: Some("max_split_size_mb:128".to_owned()),
+                ..Request::default()
+            },
+            "max_split_size_mb:128".to_owned(),
+        ));
+    }
+    if action.starts_with("Reduce the batch size") {
+        return scale("batch", 0.5, "batch × 0.5");
+    }
+    if action.starts_with("Enable activation checkpointing") {
+        // Checkpointing keeps the layer inputs, a fraction of what the layers save.
+        return scale(
+            "activations",
+            0.25,
+            "saved activations × 0.25 (checkpointing)",
+        );
+    }
+    if action.starts_with("Use an 8-bit optimizer") {
+        return Some((
+            Request {
+                optimizer: Some("8bit".to_owned()),
+                ..Request::default()
+            },
+            "optimizer state in 8 bits".to_owned(),
+        ));
+    }
+    if action.starts_with("Use a smaller eval batch") {
+        return Some((
+            Request {
+                scales: vec![
+                    ("activations".to_owned(), 0.5),
+                    ("kv_cache".to_owned(), 0.5),
+                ],
+                ..Request::default()
+            },
+            "eval activations and KV cache × 0.5".to_owned(),
+        ));
+    }
+    if action.starts_with("Load the weights in lower precision") {
+        return scale("weights", 0.5, "weights × 0.5 (8-bit from 16-bit)");
+    }
+    None
+}
+
+fn check_of(
+    outcome: &crate::allocator::Outcome,
+    oom_event: u32,
+    request: u64,
+    change: &str,
+) -> AdviceCheck {
+    let real = outcome.ooms.iter().find(|o| o.real && o.event == oom_event);
+    let new: Vec<&crate::allocator::WhatifOom> = outcome.ooms.iter().filter(|o| !o.real).collect();
+    let (fits, margin) = real.map_or((true, 0), |o| (o.fits, o.margin));
+    let req = format_bytes(request);
+    let verdict = match (fits, new.first()) {
+        (true, None) => format!(
+            "Checked by replay: with {change} the {req} request fits, {} to spare",
+            format_bytes(margin.max(0) as u64)
+        ),
+        (true, Some(first)) => format!(
+            "Checked by replay: with {change} the {req} request fits, but {} that fitted before would fail (the first at event {})",
+            crate::units::counted(new.len() as u64, "request", "requests"),
+            first.event
+        ),
+        (false, _) => format!(
+            "Checked by replay: not enough on its own: with {change} the {req} request is still {} short",
+            format_bytes(margin.unsigned_abs())
+        ),
+    };
+    AdviceCheck {
+        change: change.to_owned(),
+        fits: fits && new.is_empty(),
+        margin_bytes: margin,
+        new_ooms: new.len() as u64,
+        verdict,
+    }
+}
+
+/// Replays the change of every advice that has one (in parallel) and marks each with the
+/// verdict; when none fits, finds what would (a batch factor, with expandable segments for a
+/// fragmentation OOM) and adds it first. Only for devices with an OOM.
+pub fn check_advice(dev: &mut DeviceReport, snapshot: &crate::snapshot::Snapshot) {
+    use rayon::prelude::*;
+    let Some(oom) = dev.oom.first() else { return };
+    let (event, request) = (oom.event_index, oom.requested_bytes);
+    let fragmentation = oom.verdict == "fragmentation";
+    let base = super::whatif::Base::new(snapshot, dev.device);
+    let jobs: Vec<(usize, super::whatif::Request, String)> = dev
+        .advice
+        .iter()
+        .enumerate()
+        .filter_map(|(k, a)| replayable(&a.action).map(|(r, t)| (k, r, t)))
+        .collect();
+    let checks: Vec<(usize, AdviceCheck)> = jobs
+        .par_iter()
+        .map(|(k, r, t)| (*k, check_of(&base.outcome(r), event, request, t)))
+        .collect();
+    let any_fits = checks.iter().any(|(_, c)| c.fits);
+    for (k, c) in checks {
+        dev.advice[k].checked = Some(c);
+    }
+    if any_fits || dev.advice.iter().all(|a| a.checked.is_none()) {
+        return;
+    }
+    // No single change fits. In the forward or backward pass: the largest batch factor that
+    // does, by bisection; elsewhere (a batch does not scale what is there): the capacity.
+    let set = fragmentation.then(|| "expandable_segments:True".to_owned());
+    let with = if fragmentation {
+        " with expandable_segments:True"
+    } else {
+        ""
+    };
+    let batch_phase = matches!(oom.phase.as_str(), "forward" | "backward");
+    let fits_all = |o: &crate::allocator::Outcome| o.ooms.iter().all(|x| x.fits);
+    let (action, check) = if batch_phase {
+        let run = |f: f64| {
+            base.outcome(&super::whatif::Request {
+                set: set.clone(),
+                scales: vec![("batch".to_owned(), f)],
+                ..Default::default()
+            })
+        };
+        let (mut lo, mut hi) = (0.0f64, 1.0f64);
+        let mut best: Option<(f64, crate::allocator::Outcome)> = None;
+        for _ in 0..8 {
+            let mid = (lo + hi) / 2.0;
+            let o = run(mid);
+            if fits_all(&o) {
+                lo = mid;
+                best = Some((mid, o));
+            } else {
+                hi = mid;
+            }
+        }
+        match best {
+            Some((f, o)) => {
+                let f = (f * 100.0).floor() / 100.0;
+                let change = format!("batch × {f}{with}");
+                (
+                    format!("What it takes, found by replay: a batch of {:.0}% of this one{with}", f * 100.0),
+                    check_of(&o, event, request, &change),
+                )
+            }
+            None => (
+                "No batch size fits, found by replay: what stays (weights, gradients, optimizer state) is more than the device holds; shard or quantise them".to_owned(),
+                AdviceCheck {
+                    change: format!("batch × 0.004{with}"),
+                    fits: false,
+                    margin_bytes: 0,
+                    new_ooms: 0,
+                    verdict: "Checked by replay: even a batch of under 1% of this one runs out of memory".to_owned(),
+                },
+            ),
+        }
+    } else {
+        let had = base.real_capacity.unwrap_or(0);
+        let run = |c: u64| {
+            base.outcome(&super::whatif::Request {
+                set: set.clone(),
+                capacity: Some(c),
+                ..Default::default()
+            })
+        };
+        let (mut lo, mut hi) = (had, had.saturating_mul(4).max(1 << 30));
+        let mut best = None;
+        for _ in 0..12 {
+            let mid = lo + (hi - lo) / 2;
+            let o = run(mid);
+            if fits_all(&o) {
+                hi = mid;
+                best = Some((mid, o));
+            } else {
+                lo = mid;
+            }
+        }
+        let Some((c, o)) = best else { return };
+        let change = format!("a capacity of {}{with}", format_bytes(c));
+        (
+            format!(
+                "What it takes, found by replay: {} that PyTorch can reserve ({} more than this run had){with}",
+                format_bytes(c),
+                format_bytes(c.saturating_sub(had))
+            ),
+            check_of(&o, event, request, &change),
+        )
+    };
+    dev.advice.insert(
+        0,
+        Advice {
+            action,
+            reason: "no single change above makes the request fit in the replay".to_owned(),
+            estimated_saving_bytes: None,
+            caveat: if batch_phase {
+                "a smaller batch also changes the number of steps, which the trace cannot know; the batch factor scales the forward and backward passes' activations and temporaries"
+            } else {
+                "the capacity is what PyTorch may reserve: the card's memory less the CUDA context and other processes"
+            }
+            .to_owned(),
+            checked: Some(check),
+        },
+    );
 }

@@ -627,6 +627,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     );
     if let Some(sim) = &sim {
         apply_allocator(&mut report, sim, snapshot);
+        super::advice::check_advice(&mut report, snapshot);
     }
     report.data_quality = super::quality::device_quality(&replay, checks, &summary);
     report

@@ -75,8 +75,9 @@ pub fn gpu_capacity(name: &str) -> Result<u64, String> {
         })
 }
 
-const SCALABLE: [&str; 6] = [
+const SCALABLE: [&str; 7] = [
     "batch",
+    "weights",
     "activations",
     "gradients",
     "optimizer_state",
@@ -386,45 +387,93 @@ pub fn whatif_file(
     }
 }
 
+/// What every what-if of one device starts from: the exact replay of the real run, its
+/// phases, the limit it ran into and the pools of its requests.
+pub struct Base<'a> {
+    snapshot: &'a Snapshot,
+    device: i64,
+    pub real_settings: Settings,
+    pub notes: Vec<String>,
+    pub sim: Simulation,
+    pub phases: Phases,
+    pub real_capacity: Option<u64>,
+}
+
+impl<'a> Base<'a> {
+    pub fn new(snapshot: &'a Snapshot, device: i64) -> Base<'a> {
+        let (real_settings, notes) = Settings::from_snapshot(snapshot);
+        let (sim, phases) = rayon::join(
+            || allocator::simulate(snapshot, device, &real_settings, &Default::default()),
+            || find_phases(snapshot, device),
+        );
+        let real_capacity = real_capacity(&sim);
+        Base {
+            snapshot,
+            device,
+            real_settings,
+            notes,
+            sim,
+            phases,
+            real_capacity,
+        }
+    }
+
+    /// The settings, capacity and changes of a request.
+    fn changes(&self, req: &Request) -> (Settings, Option<u64>, Changes) {
+        let mut settings = self.real_settings.clone();
+        if let Some(conf) = &req.set {
+            // Checked in `validate`.
+            let _ = settings.apply_conf(conf);
+        }
+        let capacity = match (&req.gpu, req.capacity) {
+            (_, Some(c)) => Some(c),
+            (Some(g), None) => gpu_capacity(g).ok(),
+            (None, None) => self.real_capacity,
+        };
+        let changes = Changes {
+            sizes: sizes_for(self.snapshot, self.device, &self.phases, req),
+            capacity,
+            pools: self.sim.private_allocs.clone(),
+            follow_releases: capacity.is_none(),
+        };
+        (settings, capacity, changes)
+    }
+
+    /// One replay under a request.
+    pub fn outcome(&self, req: &Request) -> Outcome {
+        let (settings, _, changes) = self.changes(req);
+        allocator::whatif(self.snapshot, self.device, &settings, &changes)
+    }
+}
+
 /// The what-if of one device, with its real run and the identity check.
 pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifDevice {
-    let (real_settings, mut notes) = Settings::from_snapshot(snapshot);
-    let sim = allocator::simulate(snapshot, device, &real_settings, &Default::default());
-    let phases = find_phases(snapshot, device);
-    let real_cap = real_capacity(&sim);
-    let pools = sim.private_allocs.clone();
+    let base = Base::new(snapshot, device);
+    let sim = &base.sim;
+    let phases = &base.phases;
+    let real_settings = &base.real_settings;
+    let real_cap = base.real_capacity;
+    let mut notes = base.notes.clone();
     let same = Changes {
         sizes: FxHashMap::default(),
         capacity: real_cap,
-        pools: pools.clone(),
+        pools: sim.private_allocs.clone(),
         follow_releases: real_cap.is_none(),
     };
-    let model_real = allocator::whatif(snapshot, device, &real_settings, &same);
-    let identity = identity(snapshot, device, &sim, &model_real);
+    let (model_real, (settings, capacity, changes, outcome)) = rayon::join(
+        || allocator::whatif(snapshot, device, real_settings, &same),
+        || {
+            let (settings, capacity, changes) = base.changes(req);
+            let outcome = allocator::whatif(snapshot, device, &settings, &changes);
+            (settings, capacity, changes, outcome)
+        },
+    );
+    let identity = identity(snapshot, device, sim, &model_real);
 
-    let mut settings = real_settings.clone();
-    if let Some(conf) = &req.set {
-        // Checked in `validate`.
-        let _ = settings.apply_conf(conf);
-    }
-    let capacity = match (&req.gpu, req.capacity) {
-        (_, Some(c)) => Some(c),
-        (Some(g), None) => gpu_capacity(g).ok(),
-        (None, None) => real_cap,
-    };
-    let sizes = sizes_for(snapshot, device, &phases, req);
-    let changes = Changes {
-        sizes,
-        capacity,
-        pools,
-        follow_releases: capacity.is_none(),
-    };
-    let outcome = allocator::whatif(snapshot, device, &settings, &changes);
-
-    let mut real = scenario(&real_settings, real_cap, &model_real, &phases, req.full);
+    let mut real = scenario(real_settings, real_cap, &model_real, phases, req.full);
     // The real run's own figures: the exact replay's peaks and the trace's OOMs.
-    real.peak_allocated = peak_out(sim.peak_allocated, &phases);
-    real.peak_reserved = peak_out(sim.peak_reserved, &phases);
+    real.peak_allocated = peak_out(sim.peak_allocated, phases);
+    real.peak_reserved = peak_out(sim.peak_reserved, phases);
     real.ooms = sim
         .ooms
         .iter()
@@ -462,15 +511,13 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
                 .to_owned(),
         );
     }
-    let search = req.search.then(|| {
-        search(
-            snapshot, device, req, &settings, capacity, &changes, &phases,
-        )
-    });
+    let search = req
+        .search
+        .then(|| search(snapshot, device, req, &settings, capacity, &changes, phases));
     WhatifDevice {
         device,
         changes: changes_text(req),
-        whatif: scenario(&settings, capacity, &outcome, &phases, req.full),
+        whatif: scenario(&settings, capacity, &outcome, phases, req.full),
         real,
         identity,
         search,

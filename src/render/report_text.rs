@@ -504,11 +504,26 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
                     details.push(format!("Expected saving: about {}.", format_bytes(b)));
                 }
                 details.push(format!("Not a fix when: {}.", a.caveat));
+                if let Some(c) = &a.checked {
+                    details.push(format!("{}.", c.verdict));
+                }
                 (a.action.clone(), details)
             })
             .collect();
         out.push(Block::Para("What to change first:".to_owned()));
         out.push(Block::Items(items));
+        if let Some(c) = dev
+            .advice
+            .iter()
+            .filter_map(|a| a.checked.as_ref())
+            .find(|c| c.fits)
+        {
+            out.push(Block::Para(format!(
+                "Replay verdict: the first change above that fits is {} ({} to spare).",
+                c.change,
+                format_bytes(c.margin_bytes.max(0) as u64)
+            )));
+        }
     }
     let total: u64 = dev
         .categories_at_peak

@@ -376,6 +376,24 @@ pub struct Advice {
     pub estimated_saving_bytes: Option<u64>,
     /// When it would not help.
     pub caveat: String,
+    /// The change replayed through the allocator model (devices with an OOM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked: Option<AdviceCheck>,
+}
+
+/// An advice's change replayed: does the request that ran out of memory fit then?
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdviceCheck {
+    /// The change as replayed (e.g. `expandable_segments:True`, `batch × 0.5`).
+    pub change: String,
+    /// The first real OOM's request fits.
+    pub fits: bool,
+    /// Capacity left after it (negative: how much it was short).
+    pub margin_bytes: i64,
+    /// Requests that fitted in the real run and fail under the change.
+    pub new_ooms: u64,
+    /// The verdict in one sentence.
+    pub verdict: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -131,7 +131,7 @@ fn requests_that_are_not_understood_are_refused() {
     let path = common::fixture("synth/train.pickle");
     for args in [
         vec!["--set", "pinned_use_background_threads:True"],
-        vec!["--scale", "weights=0.5"],
+        vec!["--scale", "bananas=0.5"],
         vec!["--scale", "batch"],
         vec!["--gpu", "Z80"],
         vec!["--optimizer", "4bit"],
@@ -144,5 +144,42 @@ fn requests_that_are_not_understood_are_refused() {
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert!(!out.stderr.is_empty());
+    }
+}
+
+/// Every real OOM fixture's advice carries a replay verdict, and the text names a change the
+/// replay found to fit.
+#[test]
+fn the_reports_advice_is_checked_by_replay() {
+    for name in [
+        "captured/fragmentation_oom.pickle",
+        "captured/oom_backward.pickle",
+        "synth/train-oom-forward.pickle",
+        "synth/fragmented.pickle",
+        "synth/load-oom.pickle",
+    ] {
+        let path = common::fixture(name);
+        let v = json(&["report", "--format", "json", path.to_str().unwrap()]);
+        let dev = &v["files"][0]["devices"][0];
+        assert!(!dev["oom"].as_array().unwrap().is_empty(), "{name}");
+        let advice = dev["advice"].as_array().unwrap();
+        let checked: Vec<&serde_json::Value> =
+            advice.iter().filter(|a| a["checked"].is_object()).collect();
+        assert!(!checked.is_empty(), "{name}: {advice:?}");
+        assert!(
+            checked.iter().any(|a| a["checked"]["fits"] == true),
+            "{name}: no checked change fits: {checked:?}"
+        );
+        let out = Command::new(env!("CARGO_BIN_EXE_snapscan"))
+            .args(["report"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("Checked by replay"), "{name}");
+        assert!(
+            text.contains("Replay verdict: the first change above that fits is"),
+            "{name}"
+        );
     }
 }

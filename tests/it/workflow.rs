@@ -523,6 +523,7 @@ fn stdout_commands(dir: &std::path::Path) -> Vec<(Vec<String>, i32)> {
         v(&["report", "--format", "json", TRAIN], 0),
         v(&["stats", TRAIN], 0),
         v(&["replay", OOM_FORWARD], 0),
+        v(&["whatif", OOM_FORWARD], 0),
         v(&["timeline", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
         v(&["segments", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
         v(&["view", "fixtures/synth/tiny.pickle", "-o", "-"], 0),
