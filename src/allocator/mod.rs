@@ -14,8 +14,8 @@ pub mod whatif;
 pub use fit::{Holder, Pinner, SplitSegment, Unusable, WhyNoFit};
 pub use settings::{Settings, SettingsError};
 pub use sim::{
-    simulate, Divergence, EndCheck, OomReplay, Options, Rule, SegmentCounts, Simulation,
-    UnfitMalloc,
+    simulate, state_after, Divergence, EndCheck, OomReplay, Options, Rule, SegmentCounts,
+    Simulation, UnfitMalloc,
 };
 pub use start::StartInfo;
 pub use whatif::{whatif, Changes, Outcome, WhatifOom};

@@ -189,6 +189,27 @@ pub fn simulate(
     settings: &Settings,
     opts: &Options,
 ) -> Simulation {
+    simulate_until(snapshot, device, settings, opts, None).0
+}
+
+/// The model's state after event `event` (`None`: at the window start).
+pub fn state_after(
+    snapshot: &Snapshot,
+    device: i64,
+    settings: &Settings,
+    event: Option<u32>,
+) -> State {
+    simulate_until(snapshot, device, settings, &Options::default(), Some(event)).1
+}
+
+/// [`simulate`], stopped after event `until` (`Some(None)`: at the window start).
+fn simulate_until(
+    snapshot: &Snapshot,
+    device: i64,
+    settings: &Settings,
+    opts: &Options,
+    until: Option<Option<u32>>,
+) -> (Simulation, State) {
     let mut timer = crate::timing::Timer::new();
     let (state, start) = start::build(snapshot, device, settings);
     timer.lap("allocator: state at the window start");
@@ -235,7 +256,12 @@ pub fn simulate(
                 .to_owned(),
         );
     }
-    for (i, e) in trace.iter().enumerate() {
+    let last = match until {
+        Some(None) => 0,
+        Some(Some(e)) => (e as usize).saturating_add(1).min(trace.len()),
+        None => trace.len(),
+    };
+    for (i, e) in trace.range(0..last).enumerate() {
         let i = i as u32;
         match e.action {
             Action::SegmentAlloc
@@ -266,12 +292,14 @@ pub fn simulate(
     }
     run.flush(None);
     timer.lap("allocator: replay");
-    run.end_check(snapshot);
-    timer.lap("allocator: end check");
+    if last == trace.len() {
+        run.end_check(snapshot);
+        timer.lap("allocator: end check");
+    }
     let mut rules: Vec<(Rule, u64)> = run.rules.into_iter().collect();
     rules.sort_unstable();
     run.sim.rules = rules;
-    run.sim
+    (run.sim, run.state)
 }
 
 impl Run<'_> {

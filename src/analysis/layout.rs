@@ -623,3 +623,90 @@ mod tests {
         }
     }
 }
+
+/// The allocator model's layout at `moment`: every block at its exact size, unsplit
+/// remainders included, as the replay that places allocs at their real addresses has them.
+/// `None` at the dump (which is exact as it is) or without a trace.
+pub fn model_layout(
+    snapshot: &Snapshot,
+    device: i64,
+    moment: Moment,
+) -> Option<Vec<SegmentLayout>> {
+    use crate::allocator::state::BlockState as ModelState;
+    let event = match moment {
+        Moment::End => return None,
+        Moment::After(e) if dump_is_moment(snapshot, device, e) => return None,
+        Moment::After(e) => Some(e),
+        Moment::WindowStart => None,
+    };
+    if snapshot.trace(device).is_empty() {
+        return None;
+    }
+    let (settings, _) = crate::allocator::Settings::from_snapshot(snapshot);
+    let state = crate::allocator::state_after(snapshot, device, &settings, event);
+    let mut out = Vec::with_capacity(state.seg_at.len());
+    for (&address, &s) in &state.seg_at {
+        let seg = &state.segs[s as usize];
+        let mut layout = SegmentLayout {
+            address,
+            total_bytes: seg.size,
+            allocated_bytes: 0,
+            requested_bytes: 0,
+            holes: 0,
+            largest_hole_bytes: 0,
+            free_bytes: 0,
+            internal_waste_bytes: 0,
+            stream: seg.key.stream,
+            pool_id: Some(seg.key.pool),
+            pool_kind: if seg.key.small {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            },
+            expandable: seg.expandable,
+            blocks: Vec::new(),
+            small_hole_bytes: 0,
+        };
+        for (_, b) in state.seg_blocks(s) {
+            let offset = b.addr.saturating_sub(address);
+            let dump_state = match b.state {
+                // Free neighbours are always merged: each free block is one hole.
+                ModelState::Free => {
+                    layout.holes += 1;
+                    layout.largest_hole_bytes = layout.largest_hole_bytes.max(b.size);
+                    layout.free_bytes = layout.free_bytes.saturating_add(b.size);
+                    BlockState::Inactive
+                }
+                live => {
+                    let requested = b.requested.min(b.size);
+                    layout.allocated_bytes = layout.allocated_bytes.saturating_add(b.size);
+                    layout.requested_bytes = layout.requested_bytes.saturating_add(requested);
+                    layout.internal_waste_bytes = layout
+                        .internal_waste_bytes
+                        .saturating_add(b.size - requested);
+                    if live == ModelState::Pending {
+                        BlockState::ActivePendingFree
+                    } else {
+                        BlockState::ActiveAllocated
+                    }
+                }
+            };
+            let requested = if dump_state == BlockState::Inactive {
+                0
+            } else {
+                b.requested.min(b.size)
+            };
+            layout.add(
+                LayoutBlock {
+                    offset,
+                    size: b.size,
+                    requested,
+                    state: dump_state,
+                },
+                Detail::BLOCKS,
+            );
+        }
+        out.push(layout);
+    }
+    Some(out)
+}

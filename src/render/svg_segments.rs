@@ -797,7 +797,10 @@ fn panel(
     let by_category = by == ColourBy::Category;
     let mut colours = Colours::with_categories(&snapshot.interner, categorizer, by);
     let (moment, moment_text, oom_event) = resolve(snapshot, &replay, at);
-    let layout = layout_at(snapshot, &replay, moment);
+    // The allocator model's exact layout where the trace can be replayed; the estimate (block
+    // sizes from the request) where it cannot.
+    let layout = crate::analysis::layout::model_layout(snapshot, device, moment)
+        .unwrap_or_else(|| layout_at(snapshot, &replay, moment));
     let infos = block_infos(snapshot, &replay, moment);
     // Call sites and categories by live bytes; the legend's sites get distinct colours.
     let mut by_site: BTreeMap<String, u64> = BTreeMap::new();
