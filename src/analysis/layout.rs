@@ -576,54 +576,6 @@ pub fn for_each_layout(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::analysis::lifetimes::replay_device;
-
-    /// The lifetimes give, at every sampled state, the segments `layout_at` undoes its way to.
-    #[test]
-    fn lifetimes_agree_with_segments_at_every_moment() {
-        for name in [
-            "train-oom-expandable",
-            "multi-stream",
-            "truncated",
-            "fragmented",
-            "graphs-stacks-none",
-        ] {
-            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("fixtures/synth/{name}.pickle"));
-            let loaded = crate::snapshot::load(&path).expect("fixture");
-            let snapshot = &loaded.snapshot;
-            for device in snapshot.devices() {
-                let replay = replay_device(snapshot, device);
-                let lives = segment_lifetimes(snapshot, &replay);
-                let n = snapshot.trace(device).len();
-                let step = (n / 97).max(1);
-                let mut states: Vec<usize> = (0..=n).step_by(step).collect();
-                states.extend(replay.segment_events.iter().map(|&e| e as usize + 1));
-                states.push(n);
-                for k in states {
-                    let moment = match k {
-                        0 => Moment::WindowStart,
-                        k => Moment::After(k as u32 - 1),
-                    };
-                    let want: Vec<(u64, u64, u64, bool)> = segments_at(snapshot, &replay, moment)
-                        .iter()
-                        .map(|s| (s.address, s.size, s.stream, s.expandable))
-                        .collect();
-                    let got: Vec<(u64, u64, u64, bool)> = lives
-                        .iter()
-                        .filter(|l| l.first_state as usize <= k && k <= l.last_state as usize)
-                        .map(|l| (l.address, l.size, l.stream, l.expandable))
-                        .collect();
-                    assert_eq!(got, want, "{name} device {device} state {k}");
-                }
-            }
-        }
-    }
-}
-
 /// The allocator model's layout at `moment`: every block at its exact size, unsplit
 /// remainders included, as the replay that places allocs at their real addresses has them.
 /// `None` at the dump (which is exact as it is) or without a trace.
@@ -709,4 +661,52 @@ pub fn model_layout(
         out.push(layout);
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::lifetimes::replay_device;
+
+    /// The lifetimes give, at every sampled state, the segments `layout_at` undoes its way to.
+    #[test]
+    fn lifetimes_agree_with_segments_at_every_moment() {
+        for name in [
+            "train-oom-expandable",
+            "multi-stream",
+            "truncated",
+            "fragmented",
+            "graphs-stacks-none",
+        ] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("fixtures/synth/{name}.pickle"));
+            let loaded = crate::snapshot::load(&path).expect("fixture");
+            let snapshot = &loaded.snapshot;
+            for device in snapshot.devices() {
+                let replay = replay_device(snapshot, device);
+                let lives = segment_lifetimes(snapshot, &replay);
+                let n = snapshot.trace(device).len();
+                let step = (n / 97).max(1);
+                let mut states: Vec<usize> = (0..=n).step_by(step).collect();
+                states.extend(replay.segment_events.iter().map(|&e| e as usize + 1));
+                states.push(n);
+                for k in states {
+                    let moment = match k {
+                        0 => Moment::WindowStart,
+                        k => Moment::After(k as u32 - 1),
+                    };
+                    let want: Vec<(u64, u64, u64, bool)> = segments_at(snapshot, &replay, moment)
+                        .iter()
+                        .map(|s| (s.address, s.size, s.stream, s.expandable))
+                        .collect();
+                    let got: Vec<(u64, u64, u64, bool)> = lives
+                        .iter()
+                        .filter(|l| l.first_state as usize <= k && k <= l.last_state as usize)
+                        .map(|l| (l.address, l.size, l.stream, l.expandable))
+                        .collect();
+                    assert_eq!(got, want, "{name} device {device} state {k}");
+                }
+            }
+        }
+    }
 }
