@@ -89,6 +89,9 @@ pub struct State {
     /// pending: `memory_allocated()` counts a block until its free completes).
     pub reserved: u64,
     pub allocated: u64,
+    /// Live segments that are one free block (what `release_cached_blocks` can give back): a
+    /// release walks these, not every segment.
+    pub whole_free: std::collections::BTreeSet<u32>,
 }
 
 impl State {
@@ -209,6 +212,7 @@ impl State {
             }
             prev = id;
         }
+        self.refresh_whole(seg);
         seg
     }
 
@@ -256,6 +260,9 @@ impl State {
         }
         st.by_addr = addrs.into_iter().collect();
         st.seg_at = seg_addrs.into_iter().collect();
+        for seg in 0..st.segs.len() as u32 {
+            st.refresh_whole(seg);
+        }
         for (k, mut list) in free.into_iter().enumerate() {
             list.sort_unstable();
             st.free[k] = list.into_iter().collect();
@@ -285,7 +292,20 @@ impl State {
         self.reserved = self.reserved.saturating_sub(s.size);
         let addr = s.addr;
         self.seg_at.remove(&addr);
+        self.whole_free.remove(&seg);
         live
+    }
+
+    /// Records whether a (non-expandable) segment is one free block now.
+    fn refresh_whole(&mut self, seg: u32) {
+        let whole = self.segs[seg as usize].alive
+            && !self.segs[seg as usize].expandable
+            && self.seg_is_free(seg);
+        if whole {
+            self.whole_free.insert(seg);
+        } else {
+            self.whole_free.remove(&seg);
+        }
     }
 
     /// Whether the segment is one free block (what `release_block` can `cudaFree`).
@@ -360,7 +380,9 @@ impl State {
         settings: &Settings,
     ) -> bool {
         self.free_remove(b);
-        let small = self.segs[self.blocks[b as usize].seg as usize].key.small;
+        let seg = self.blocks[b as usize].seg;
+        self.whole_free.remove(&seg);
+        let small = self.segs[seg as usize].key.small;
         let size = self.blocks[b as usize].size;
         let split = rounded < size && rules::should_split(size, rounded, small, settings);
         if split {
@@ -402,6 +424,7 @@ impl State {
         }
         let (end, next, seg) = (blk.end(), blk.next, blk.seg);
         self.free_remove(b);
+        self.whole_free.remove(&seg);
         let high = self.new_block(Block {
             addr,
             size: end - addr,
@@ -452,6 +475,10 @@ impl State {
             self.absorb_next(b);
         }
         self.free_insert(b);
+        let seg = self.blocks[b as usize].seg;
+        if self.blocks[b as usize].prev == NIL && self.blocks[b as usize].next == NIL {
+            self.refresh_whole(seg);
+        }
         b
     }
 
@@ -633,6 +660,13 @@ impl State {
             state: self,
             at: self.segs[seg as usize].first,
         }
+    }
+
+    /// The free blocks of a pool key of at least `size` bytes, smallest first.
+    pub fn free_at_least(&self, key: u32, size: u64) -> impl Iterator<Item = u32> + '_ {
+        self.free[key as usize]
+            .range(order(size, 0)..)
+            .map(|(_, &b)| b)
     }
 
     /// The largest free block of a pool key.

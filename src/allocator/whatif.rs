@@ -58,6 +58,9 @@ pub struct Outcome {
 
 /// Where new segments go: addresses no real segment uses, so that they cannot collide.
 const SYNTHETIC_BASE: u64 = 1 << 56;
+/// Free blocks of a page or more one release looks at per pool (a hostile trace could keep
+/// thousands that hold no whole page, which every release would otherwise walk again).
+const MAX_RANGES_RELEASED: usize = 4096;
 /// Virtual space of one expandable reservation.
 const RESERVATION: u64 = 1 << 44;
 
@@ -214,28 +217,46 @@ impl Run<'_> {
     /// `release_cached_blocks`: every segment that is one free block goes back to the driver;
     /// expandable ranges give back their free whole pages.
     fn release_cached(&mut self) {
-        let segs: Vec<u32> = self.state.seg_at.values().copied().collect();
-        for s in segs {
+        // The segments that are one free block and the expandable ranges, not every segment:
+        // a trace of many releases over many segments stays linear.
+        let whole: Vec<u32> = self.state.whole_free.iter().copied().collect();
+        for s in whole {
             let seg: &Seg = &self.state.segs[s as usize];
             // A private pool goes back only once its graph or MemPool is gone, which only
-            // the trace's own releases of it tell (`release_named`).
+            // the trace's own releases of it tell (`settle`).
             if !seg.alive || seg.key.pool != (0, 0) {
                 continue;
             }
-            if !seg.expandable {
-                if self.state.seg_is_free(s) {
-                    let size = seg.size;
-                    self.state.remove_segment(s);
-                    self.reserved_changed(-(size as i64));
-                }
-                continue;
-            }
-            let page = rules::page_size(seg.key.small, self.settings);
+            let size = seg.size;
+            self.state.remove_segment(s);
+            self.reserved_changed(-(size as i64));
+        }
+        // Expandable ranges give back the whole pages of their free blocks: those of at least
+        // a page, found in the free lists of the default pool's keys.
+        let keys: Vec<(u32, PoolKey)> = self
+            .state
+            .keys
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| k.pool == (0, 0))
+            .map(|(i, k)| (i as u32, *k))
+            .collect();
+        for (key_id, key) in keys {
+            let page = rules::page_size(key.small, self.settings);
             let free: Vec<(u64, u64)> = self
                 .state
-                .seg_blocks(s)
-                .filter(|(_, b)| b.state == BlockState::Free)
-                .map(|(_, b)| (b.addr, b.end()))
+                .free_at_least(key_id, page)
+                .filter(|&b| {
+                    let seg = self.state.blocks[b as usize].seg;
+                    self.state.segs[seg as usize].expandable
+                })
+                .take(MAX_RANGES_RELEASED)
+                .map(|b| {
+                    (
+                        self.state.blocks[b as usize].addr,
+                        self.state.blocks[b as usize].end(),
+                    )
+                })
                 .collect();
             for (lo, hi) in free {
                 let lo = lo.div_ceil(page) * page;

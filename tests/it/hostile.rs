@@ -2202,3 +2202,32 @@ fn sums_past_64_bits_are_reported_as_inconsistent_not_printed() {
         assert!(!text.contains("Peak"), "{text}");
     }
 }
+
+/// The allocator model on a trace that defeats it at every step: one big segment whose allocs
+/// come from its top down (the model's best fit is always the bottom, so each alloc is a
+/// divergence that the replay follows by cutting the free block at the real address), frees of
+/// addresses no block holds, and OOMs, each of which is explained. `replay` and `whatif` stay
+/// linear and exit 0.
+#[test]
+fn the_allocator_model_stays_linear_on_a_trace_it_cannot_follow() {
+    let base: i32 = 1 << 20;
+    let size: i32 = 1 << 30;
+    let input = |n: usize| {
+        let mut entries = vec![entry("segment_alloc", base, size)];
+        for k in 0..n as i32 {
+            entries.push(entry("alloc", base + size - (k + 1) * 512, 512));
+            if k % 8 == 0 {
+                entries.push(entry("free_completed", 7 * 512 + k * 4096, 512));
+            }
+            if k % 64 == 0 {
+                entries.push(entry("oom", 0, 1 << 29));
+            }
+        }
+        scratch_file("allocator-defeated.pickle", &snapshot_of(&[entries]))
+    };
+    for command in ["replay", "whatif"] {
+        let run = expect_linear(command, 200_000, &[command, "--format", "json"], input);
+        let v: Json = serde_json::from_str(&run.stdout).expect("JSON");
+        assert!(v["files"][0]["devices"][0].is_object(), "{command}");
+    }
+}
