@@ -237,6 +237,9 @@ pub struct Colours<'a> {
     assigned: std::collections::BTreeMap<String, &'static str>,
     categorizer: Option<Categorizer<'a>>,
     by: ColourBy,
+    /// Call sites by stack, each worked out once (a long trace has millions of allocations
+    /// and a few thousand stacks).
+    sites: crate::analysis::callsite::CallSites<'a>,
 }
 
 impl<'a> Colours<'a> {
@@ -247,6 +250,7 @@ impl<'a> Colours<'a> {
             assigned: Default::default(),
             categorizer: None,
             by: ColourBy::CallSite,
+            sites: crate::analysis::callsite::CallSites::new(interner),
         }
     }
 
@@ -261,6 +265,7 @@ impl<'a> Colours<'a> {
             assigned: Default::default(),
             categorizer: Some(categorizer),
             by,
+            sites: crate::analysis::callsite::CallSites::new(interner),
         }
     }
 
@@ -304,7 +309,7 @@ impl<'a> Colours<'a> {
 
     /// The call site of an allocation, if its stack was recorded.
     pub fn site(&self, a: &Allocation) -> Option<String> {
-        call_site(self.interner, a.stack)
+        self.sites.of(a.stack).map(|s| s.to_string())
     }
 
     /// The colour an allocation is drawn in: its category's ([`category_colour`]), or its call

@@ -322,7 +322,7 @@ fn bytes_i64(b: u64) -> i64 {
 }
 
 /// Column maxima of a level given per state (`level(k)` for k in 0..=n).
-fn column_max(x: &XScale, cols: Columns, level: impl Fn(usize) -> i64) -> Vec<i64> {
+fn column_max(x: &XScale, cols: Columns, mut level: impl FnMut(usize) -> i64) -> Vec<i64> {
     let mut out = vec![i64::MIN; cols.count];
     for k in 0..=x.n {
         let (c0, c1) = cols.range(x.px(k), x.px(k + 1));
@@ -342,6 +342,20 @@ fn column_max(x: &XScale, cols: Columns, level: impl Fn(usize) -> i64) -> Vec<i6
         prev = *v;
     }
     out
+}
+
+/// A curve's levels for `column_max`, which asks for them in order (k = 0: the start, k: after
+/// event k − 1): one sweep of the curve. Reading each with `Curve::at` walked from a checkpoint
+/// every time, most of the timeline's time on a long trace.
+fn curve_levels(curve: &crate::analysis::lifetimes::Curve) -> impl FnMut(usize) -> i64 + '_ {
+    let mut levels = std::iter::once(curve.start).chain(curve.levels());
+    let mut last = curve.start;
+    move |_| {
+        if let Some(v) = levels.next() {
+            last = v;
+        }
+        last
+    }
 }
 
 /// Step edge in tenths from per-column values: from `xa` to `xb`, columns `c0..`.
@@ -556,9 +570,7 @@ fn shapes(
             below = top;
         }
     }
-    let reserved = edge(&column_max(x, cols, |k| {
-        replay.reserved.at(k.checked_sub(1).map(|e| e as u32))
-    }));
+    let reserved = edge(&column_max(x, cols, curve_levels(&replay.reserved)));
     count += reserved.len();
     Shapes {
         polygons,
@@ -1557,9 +1569,7 @@ mod tests {
         let cols = Columns::new(1.0);
         let drawn_at = drawn_levels(x.n, &drawn_total);
         let tops = layers.tops(&x, cols, &drawn_at);
-        let requested = column_max(&x, cols, |k| {
-            replay.requested.at(k.checked_sub(1).map(|e| e as u32))
-        });
+        let requested = column_max(&x, cols, curve_levels(&replay.requested));
         assert_eq!(tops.last(), Some(&requested));
         for pair in tops.windows(2) {
             assert!(pair[0].iter().zip(&pair[1]).all(|(a, b)| a <= b));
