@@ -661,16 +661,20 @@ impl Run<'_> {
         }
     }
 
+    fn why(&self, key: u32, rounded: u64, event: u32, snapshot: &Snapshot) -> WhyNoFit {
+        why_no_fit(
+            &self.state,
+            key,
+            rounded,
+            snapshot.trace(self.sim.device),
+            event,
+        )
+    }
+
     fn unfit_malloc(&mut self, i: u32, key: u32, rounded: u64, snapshot: &Snapshot) {
         self.sim.unfit_count += 1;
         if self.sim.unfit.len() < KEEP_UNFIT && self.only_ooms.is_none() {
-            let why = why_no_fit(
-                &self.state,
-                key,
-                rounded,
-                snapshot.trace(self.sim.device),
-                i,
-            );
+            let why = self.why(key, rounded, i, snapshot);
             self.sim.unfit.push(UnfitMalloc {
                 event: i,
                 segment_bytes: rules::segment_size(rounded, self.settings),
@@ -885,13 +889,7 @@ impl Run<'_> {
             None => self.sim.ooms.len() < KEEP_OOMS,
         };
         if wanted {
-            let why = why_no_fit(
-                &self.state,
-                key_id,
-                rounded,
-                snapshot.trace(self.sim.device),
-                i,
-            );
+            let why = self.why(key_id, rounded, i, snapshot);
             self.sim.ooms.push(OomReplay {
                 event: i,
                 rounded,

@@ -558,24 +558,23 @@ impl State {
         b
     }
 
+    /// Gives the blocks from `first` to the end of its list to segment `seg`, of the same pool
+    /// key (so the free lists, keyed by pool, stay as they are).
+    fn move_blocks(&mut self, first: u32, seg: u32) {
+        let mut x = first;
+        while x != NIL {
+            self.blocks[x as usize].seg = seg;
+            x = self.blocks[x as usize].next;
+        }
+    }
+
     fn join_segments(&mut self, a: u32, b: u32) {
         let last = self.last_block(a);
         let first = self.segs[b as usize].first;
         let size = self.segs[b as usize].size;
         self.seg_at.remove(&self.segs[b as usize].addr);
         self.segs[b as usize].alive = false;
-        let mut x = first;
-        while x != NIL {
-            let free = self.blocks[x as usize].state == BlockState::Free;
-            if free {
-                self.free_remove(x);
-            }
-            self.blocks[x as usize].seg = a;
-            if free {
-                self.free_insert(x);
-            }
-            x = self.blocks[x as usize].next;
-        }
+        self.move_blocks(first, a);
         self.blocks[last as usize].next = first;
         self.blocks[first as usize].prev = last;
         self.segs[a as usize].size += size;
@@ -638,18 +637,7 @@ impl State {
                 alive: true,
             });
             self.seg_at.insert(end, new);
-            let mut x = next;
-            while x != NIL {
-                let free = self.blocks[x as usize].state == BlockState::Free;
-                if free {
-                    self.free_remove(x);
-                }
-                self.blocks[x as usize].seg = new;
-                if free {
-                    self.free_insert(x);
-                }
-                x = self.blocks[x as usize].next;
-            }
+            self.move_blocks(next, new);
         }
         true
     }

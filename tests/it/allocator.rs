@@ -111,16 +111,7 @@ fn the_real_ooms_are_explained_with_their_pool() {
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_snapscan"))
-        .args(args)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    common::snapscan_json(args)
 }
 
 /// `replay --full`'s placements are a contract: one `{event, address}` per `alloc` of the

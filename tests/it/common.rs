@@ -40,3 +40,17 @@ pub fn rel(p: &Path) -> String {
 pub fn snapscan() -> assert_cmd::Command {
     assert_cmd::Command::cargo_bin("snapscan").expect("binary")
 }
+
+/// `snapscan ARGS` run to success, its stdout read as JSON.
+pub fn snapscan_json(args: &[&str]) -> serde_json::Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+        .args(args)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}

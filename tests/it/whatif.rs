@@ -9,16 +9,7 @@ use snapscan::snapshot;
 use crate::common;
 
 fn json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_snapscan"))
-        .args(args)
-        .output()
-        .expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+    common::snapscan_json(args)
 }
 
 /// Identity: on every fixture with a trace from a real run, the model left to decide alone
