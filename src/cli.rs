@@ -477,6 +477,23 @@ fn load_readable(
     Ok((loaded, unreadable))
 }
 
+/// `value` in the chosen format: its JSON, or what its text or Markdown renderer makes (colour
+/// only for a terminal).
+fn formatted<T: serde::Serialize>(
+    format: Format,
+    output: &Option<PathBuf>,
+    value: &T,
+    text: fn(&T, bool) -> String,
+    markdown: fn(&T) -> String,
+) -> Vec<u8> {
+    let color = output.is_none() && crate::render::style::stdout_allows_color();
+    match format {
+        Format::Json => crate::render::json(value),
+        Format::Text => text(value, color).into_bytes(),
+        Format::Markdown => markdown(value).into_bytes(),
+    }
+}
+
 fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
     match cli.command {
         Command::Report {
@@ -716,12 +733,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 schema_version: SCHEMA_VERSION,
                 files,
             };
-            let color = output.is_none() && crate::render::style::stdout_allows_color();
-            let bytes = match format {
-                Format::Json => crate::render::json(&out),
-                Format::Text => crate::render::replay_text::text(&out, color).into_bytes(),
-                Format::Markdown => crate::render::replay_text::markdown(&out).into_bytes(),
-            };
+            let bytes = formatted(
+                format,
+                &output,
+                &out,
+                crate::render::replay_text::text,
+                crate::render::replay_text::markdown,
+            );
             exit_soon(loaded);
             Ok(Outcome {
                 output: bytes,
@@ -773,12 +791,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 schema_version: SCHEMA_VERSION,
                 files,
             };
-            let color = output.is_none() && crate::render::style::stdout_allows_color();
-            let bytes = match format {
-                Format::Json => crate::render::json(&out),
-                Format::Text => crate::render::whatif_text::text(&out, color).into_bytes(),
-                Format::Markdown => crate::render::whatif_text::markdown(&out).into_bytes(),
-            };
+            let bytes = formatted(
+                format,
+                &output,
+                &out,
+                crate::render::whatif_text::text,
+                crate::render::whatif_text::markdown,
+            );
             exit_soon(loaded);
             Ok(Outcome {
                 output: bytes,
