@@ -291,6 +291,9 @@ pub enum Command {
         /// Add the reserved curve of both runs to the JSON.
         #[arg(long)]
         full: bool,
+        /// Also draw the reserved memory of both runs, the capacity and the OOMs (SVG).
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
     /// Finds CUDA out-of-memory messages in a log (PyTorch 1.0–2.x wordings) and gives, for each,
     /// the figures, a verdict (fragmentation, other_processes, full, unknown) and first actions:
@@ -760,6 +763,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             optimizer,
             search,
             full,
+            svg,
         } => {
             let mut scales = Vec::new();
             for s in &scale {
@@ -787,10 +791,20 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 .par_iter()
                 .map(|l| analysis::whatif::whatif_file(&l.name, &l.snapshot, device, &request))
                 .collect();
-            let out = crate::report::whatif::WhatifOutput {
+            let mut out = crate::report::whatif::WhatifOutput {
                 schema_version: SCHEMA_VERSION,
                 files,
             };
+            if let Some(path) = &svg {
+                let inputs: Vec<PathBuf> = loaded.iter().map(|l| PathBuf::from(&l.name)).collect();
+                write_output(path, &crate::render::svg_whatif::picture(&out), &inputs)?;
+            }
+            if !full {
+                for d in out.files.iter_mut().flat_map(|f| f.devices.iter_mut()) {
+                    d.real.reserved_curve = None;
+                    d.whatif.reserved_curve = None;
+                }
+            }
             let bytes = formatted(
                 format,
                 &output,
@@ -1019,6 +1033,7 @@ fn write_pictures(
     report_path: Option<&std::path::Path>,
 ) -> Result<Vec<crate::render::report_text::PictureLinks>, anyhow::Error> {
     use crate::render::{svg, svg_segments, svg_timeline};
+    let inputs: Vec<PathBuf> = loaded.iter().map(|l| PathBuf::from(&l.name)).collect();
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     let names: Vec<String> = loaded.iter().map(|l| l.name.clone()).collect();
     let stems = svg::picture_stems(&names);
@@ -1070,7 +1085,7 @@ fn write_pictures(
         let link = |kind: &str, bytes: &[u8]| -> Result<String, anyhow::Error> {
             let file = format!("{kind}{suffix}.svg");
             let path = dir.join(&file);
-            std::fs::write(&path, bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            write_output(&path, bytes, &inputs)?;
             Ok(prefix.join(&file).to_string_lossy().replace('\\', "/"))
         };
         links.push(crate::render::report_text::PictureLinks {
@@ -1251,12 +1266,97 @@ pub fn main() -> ExitCode {
     code
 }
 
+/// The files a command reads (as given: patterns and folders expanded where they can be).
+fn command_inputs(command: &Command) -> Vec<PathBuf> {
+    let given: Vec<PathBuf> = match command {
+        Command::Report { files, .. }
+        | Command::View { files, .. }
+        | Command::Stats { files, .. }
+        | Command::Check { files, .. }
+        | Command::Replay { files, .. }
+        | Command::Whatif { files, .. } => files.clone(),
+        Command::Timeline { file, .. } | Command::Segments { file, .. } => vec![file.clone()],
+        Command::Explain { log, .. } => vec![log.clone()],
+        Command::Diff { base, new, .. } => vec![base.clone(), new.clone()],
+        Command::Merge { reports, .. } => reports.clone(),
+        Command::Completions { .. } => Vec::new(),
+    };
+    let mut out = crate::input::expand_inputs(&given).unwrap_or_default();
+    out.extend(given);
+    out
+}
+
+/// Writes `bytes` to `path` as a new file: written to a temporary file in the same folder and
+/// renamed over `path`, so that a symlink there is replaced, not followed, and nobody reads
+/// half a file. A path that is one of the command's inputs is refused: the output would
+/// replace the snapshot it was made from.
+pub fn write_output(
+    path: &std::path::Path,
+    bytes: &[u8],
+    inputs: &[PathBuf],
+) -> anyhow::Result<()> {
+    if let Ok(target) = std::fs::metadata(path) {
+        for input in inputs {
+            if input.as_os_str() == "-" {
+                continue;
+            }
+            if std::fs::metadata(input).is_ok_and(|m| same_file(&m, &target)) {
+                anyhow::bail!(
+                    "{}: this is an input of the command ({}); the output would replace it, so \
+                     it is not written: name another file",
+                    crate::render::safe::term(&path.display().to_string()),
+                    crate::render::safe::term(&input.display().to_string())
+                );
+            }
+        }
+    }
+    let shown = || crate::render::safe::term(&path.display().to_string()).into_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| anyhow::anyhow!("{}: not a file name", shown()))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.snapscan-tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        // create_new: never through a file or link already there.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.flush()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("{}: {e}", shown())
+    })
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    a.len() == b.len() && a.modified().ok() == b.modified().ok()
+}
+
 fn run_and_write(cli: Cli) -> ExitCode {
+    let inputs = command_inputs(&cli.command);
     match run(cli) {
         Ok(outcome) => {
             let written = match &outcome.target {
-                Some(path) => std::fs::write(path, &outcome.output)
-                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display())),
+                Some(path) => write_output(path, &outcome.output, &inputs),
                 None => {
                     let mut stdout = std::io::stdout().lock();
                     match stdout

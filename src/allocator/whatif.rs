@@ -83,6 +83,7 @@ struct Run<'a> {
 }
 
 pub fn whatif(snapshot: &Snapshot, device: i64, settings: &Settings, changes: &Changes) -> Outcome {
+    let mut timer = crate::timing::Timer::new();
     // The window starts as it really did: what was alive then was made under the real settings.
     let (real_settings, _) = Settings::from_snapshot(snapshot);
     let (state, _) = start::build(snapshot, device, &real_settings);
@@ -146,6 +147,7 @@ pub fn whatif(snapshot: &Snapshot, device: i64, settings: &Settings, changes: &C
     }
     run.settle(false);
     run.out.first_oom_event = run.out.ooms.iter().find(|o| !o.fits).map(|o| o.event);
+    timer.lap("allocator: one what-if replay");
     run.out
 }
 

@@ -470,7 +470,20 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
     );
     let identity = identity(snapshot, device, sim, &model_real);
 
-    let mut real = scenario(real_settings, real_cap, &model_real, phases, req.full);
+    let mut real = scenario(real_settings, real_cap, &model_real, phases, true);
+    // The real run's reserved bytes as the trace has them.
+    let start_reserved = sim.start.reserved_bytes;
+    let mut level = start_reserved as i64;
+    let mut curve: Vec<(u32, u64)> = Vec::new();
+    for (e, d) in real_segment_changes(snapshot, device) {
+        level = level.saturating_add(d);
+        let v = level.max(0) as u64;
+        match curve.last_mut() {
+            Some(last) if last.0 == e => last.1 = v,
+            _ => curve.push((e, v)),
+        }
+    }
+    real.reserved_curve = Some(curve);
     // The real run's own figures: the exact replay's peaks and the trace's OOMs.
     real.peak_allocated = peak_out(sim.peak_allocated, phases);
     real.peak_reserved = peak_out(sim.peak_reserved, phases);
@@ -516,8 +529,10 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
         .then(|| search(snapshot, device, req, &settings, capacity, &changes, phases));
     WhatifDevice {
         device,
+        events: snapshot.trace(device).len() as u64,
+        real_start_reserved: start_reserved,
         changes: changes_text(req),
-        whatif: scenario(&settings, capacity, &outcome, phases, req.full),
+        whatif: scenario(&settings, capacity, &outcome, phases, true),
         real,
         identity,
         search,

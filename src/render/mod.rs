@@ -12,6 +12,7 @@ pub mod style;
 pub mod svg;
 pub mod svg_segments;
 pub mod svg_timeline;
+pub mod svg_whatif;
 
 use serde::Serialize;
 

@@ -46,7 +46,7 @@ pub struct Scenario {
     pub peak_reserved: PeakOut,
     pub ooms: Vec<OomFit>,
     pub first_oom_event: Option<u32>,
-    /// Reserved bytes after each event where they changed (`--full`).
+    /// Reserved bytes after each event where they changed (`--full`; the picture draws it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_curve: Option<Vec<(u32, u64)>>,
 }
@@ -65,6 +65,9 @@ pub struct Identity {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WhatifDevice {
     pub device: i64,
+    /// Events in the device's trace, and reserved bytes at its start (both runs start there).
+    pub events: u64,
+    pub real_start_reserved: u64,
     /// What the change is, in words.
     pub changes: Vec<String>,
     pub real: Scenario,

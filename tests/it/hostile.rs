@@ -2231,3 +2231,62 @@ fn the_allocator_model_stays_linear_on_a_trace_it_cannot_follow() {
         assert!(v["files"][0]["devices"][0].is_object(), "{command}");
     }
 }
+
+/// `-o` naming an input (directly or through a link) would replace the snapshot with its own
+/// report: refused, the input untouched. An output path that is a symlink is replaced, not
+/// followed (a tar artifact can carry `out/timeline.svg -> ~/.bashrc`).
+#[test]
+fn outputs_never_replace_an_input_or_follow_a_link() {
+    let dir = scratch_dir().join(format!("outputs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.pickle");
+    std::fs::copy(common::fixture("synth/tiny.pickle"), &input).unwrap();
+    let before = std::fs::read(&input).unwrap();
+    let link = dir.join("link.pickle");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&input, &link).unwrap();
+    for target in [&input, &link] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+            .args(["report", "-o"])
+            .arg(target)
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{target:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("input of the command"), "{err}");
+        assert_eq!(std::fs::read(&input).unwrap(), before);
+    }
+    let victim = dir.join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let out_link = dir.join("out.txt");
+    let _ = std::fs::remove_file(&out_link);
+    std::os::unix::fs::symlink(&victim, &out_link).unwrap();
+    let svg_dir = dir.join("pictures");
+    std::fs::create_dir_all(&svg_dir).unwrap();
+    let pic_link = svg_dir.join("timeline.svg");
+    let _ = std::fs::remove_file(&pic_link);
+    std::os::unix::fs::symlink(&victim, &pic_link).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+        .args(["report", "--svg"])
+        .arg(&svg_dir)
+        .arg("-o")
+        .arg(&out_link)
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    for written in [&out_link, &pic_link] {
+        let meta = std::fs::symlink_metadata(written).unwrap();
+        assert!(meta.file_type().is_file(), "{written:?} is still a link");
+    }
+    assert!(std::fs::read_to_string(&out_link)
+        .unwrap()
+        .contains("device 0"));
+    std::fs::remove_dir_all(&dir).ok();
+}

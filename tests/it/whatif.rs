@@ -174,3 +174,31 @@ fn the_reports_advice_is_checked_by_replay() {
         );
     }
 }
+
+#[test]
+fn the_picture_draws_both_runs() {
+    let dir = std::env::temp_dir().join(format!("snapscan-whatif-svg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("w.svg");
+    let path = common::fixture("synth/train-oom-forward.pickle");
+    let v = json(&[
+        "whatif",
+        "--format",
+        "json",
+        "--set",
+        "expandable_segments:True",
+        "--svg",
+        svg.to_str().unwrap(),
+        path.to_str().unwrap(),
+    ]);
+    // The curves are in the picture, not in the JSON without --full.
+    assert!(v["files"][0]["devices"][0]["whatif"]
+        .get("reserved_curve")
+        .is_none());
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert_eq!(text.matches("<polyline").count(), 2, "{text}");
+    assert!(text.contains("real run: peak") && text.contains("what if: peak"));
+    let tree = resvg::usvg::Tree::from_str(&text, &Default::default());
+    assert!(tree.is_ok(), "the picture does not parse");
+    std::fs::remove_dir_all(&dir).ok();
+}
