@@ -370,12 +370,17 @@ fn check_of(
 /// Replays the change of every advice that has one (in parallel) and marks each with the
 /// verdict; when none fits, finds what would (a batch factor, with expandable segments for a
 /// fragmentation OOM) and adds it first. Only for devices with an OOM.
-pub fn check_advice(dev: &mut DeviceReport, snapshot: &crate::snapshot::Snapshot) {
+pub fn check_advice(
+    dev: &mut DeviceReport,
+    snapshot: &crate::snapshot::Snapshot,
+    sim: crate::allocator::Simulation,
+) {
     use rayon::prelude::*;
     let Some(oom) = dev.oom.first() else { return };
     let (event, request) = (oom.event_index, oom.requested_bytes);
     let fragmentation = oom.verdict == "fragmentation";
-    let base = super::whatif::Base::new(snapshot, dev.device);
+    let phases = super::phase::find_phases(snapshot, dev.device);
+    let base = super::whatif::Base::from_sim(snapshot, dev.device, sim, phases);
     let jobs: Vec<(usize, super::whatif::Request, String)> = dev
         .advice
         .iter()

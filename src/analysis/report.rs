@@ -625,9 +625,9 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         || device_report_with(snapshot, device, options, &replay, phases, &summary, dump),
         || (!detailed.is_empty()).then(|| allocator_at_ooms(snapshot, device, detailed.clone())),
     );
-    if let Some(sim) = &sim {
-        apply_allocator(&mut report, sim, snapshot);
-        super::advice::check_advice(&mut report, snapshot);
+    if let Some(sim) = sim {
+        apply_allocator(&mut report, &sim, snapshot);
+        super::advice::check_advice(&mut report, snapshot, sim);
     }
     report.data_quality = super::quality::device_quality(&replay, checks, &summary);
     report

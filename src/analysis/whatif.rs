@@ -401,11 +401,23 @@ pub struct Base<'a> {
 
 impl<'a> Base<'a> {
     pub fn new(snapshot: &'a Snapshot, device: i64) -> Base<'a> {
-        let (real_settings, notes) = Settings::from_snapshot(snapshot);
+        let (real_settings, _) = Settings::from_snapshot(snapshot);
         let (sim, phases) = rayon::join(
             || allocator::simulate(snapshot, device, &real_settings, &Default::default()),
             || find_phases(snapshot, device),
         );
+        Base::from_sim(snapshot, device, sim, phases)
+    }
+
+    /// The base of a replay already made (the report's, at its OOMs: the first OOM, which the
+    /// limit is read at, is always among them).
+    pub fn from_sim(
+        snapshot: &'a Snapshot,
+        device: i64,
+        sim: Simulation,
+        phases: Phases,
+    ) -> Base<'a> {
+        let (real_settings, notes) = Settings::from_snapshot(snapshot);
         let real_capacity = real_capacity(&sim);
         Base {
             snapshot,
