@@ -713,3 +713,98 @@ pub enum Fit {
     Oversize(u32),
     None,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn key(small: bool) -> PoolKey {
+        PoolKey {
+            pool: (0, 0),
+            stream: 0,
+            small,
+        }
+    }
+
+    fn layout(st: &State, seg: u32) -> Vec<(u64, u64, BlockState)> {
+        st.seg_blocks(seg)
+            .map(|(_, b)| (b.addr, b.size, b.state))
+            .collect()
+    }
+
+    #[test]
+    fn take_splits_and_free_merges_back() {
+        let s = Settings::default();
+        let mut st = State::default();
+        let seg = st.add_segment(20 * MIB, 20 * MIB, key(false), false, Vec::new());
+        assert!(st.whole_free.contains(&seg));
+        let k = st.key_of(&key(false)).unwrap();
+        let Fit::Block(b) = st.find_fit(k, 4 * MIB, &s) else {
+            panic!("a 20 MiB segment fits 4 MiB")
+        };
+        assert!(st.take(b, 4 * MIB, 4 * MIB - 100, StackId::EMPTY, 0, &s));
+        assert!(!st.whole_free.contains(&seg));
+        assert_eq!(st.allocated, 4 * MIB);
+        let Fit::Block(c) = st.find_fit(k, 15 * MIB, &s) else {
+            panic!("the remainder fits 15 MiB")
+        };
+        // 16 MiB left for 15 MiB: the 1 MiB remainder is not split off (large pool).
+        assert!(!st.take(c, 15 * MIB, 15 * MIB, StackId::EMPTY, 1, &s));
+        assert_eq!(
+            layout(&st, seg)[1],
+            (24 * MIB, 16 * MIB, BlockState::Allocated)
+        );
+        st.mark_pending(b, 2);
+        st.free(c);
+        // The pending block is not merged with its free neighbour.
+        assert_eq!(layout(&st, seg).len(), 2);
+        st.free(b);
+        assert_eq!(
+            layout(&st, seg),
+            vec![(20 * MIB, 20 * MIB, BlockState::Free)]
+        );
+        assert!(st.whole_free.contains(&seg));
+        assert_eq!(st.allocated, 0);
+        assert_eq!(st.remove_segment(seg), 0);
+        assert_eq!(st.reserved, 0);
+    }
+
+    #[test]
+    fn mapped_ranges_join_and_unmapping_cuts_them() {
+        let mut st = State::default();
+        st.map(64 * MIB, 20 * MIB, key(false));
+        st.map(84 * MIB, 20 * MIB, key(false));
+        // One range of 40 MiB, one free block.
+        assert_eq!(st.seg_at.len(), 1);
+        let seg = *st.seg_at.values().next().unwrap();
+        assert_eq!(
+            layout(&st, seg),
+            vec![(64 * MIB, 40 * MIB, BlockState::Free)]
+        );
+        // A range of another pool that ends where the next one starts is not joined to it.
+        st.map(104 * MIB, 2 * MIB, key(true));
+        assert_eq!(st.seg_at.len(), 2);
+        assert_eq!(st.reserved, 42 * MIB);
+        // Unmapping the middle leaves two ranges.
+        assert!(st.unmap(74 * MIB, 20 * MIB));
+        assert_eq!(st.seg_at.len(), 3);
+        assert_eq!(st.reserved, 22 * MIB);
+        let ranges: Vec<(u64, u64)> = st
+            .seg_at
+            .values()
+            .map(|&s| (st.segs[s as usize].addr, st.segs[s as usize].size))
+            .collect();
+        assert_eq!(
+            ranges,
+            vec![
+                (64 * MIB, 10 * MIB),
+                (94 * MIB, 10 * MIB),
+                (104 * MIB, 2 * MIB)
+            ]
+        );
+        // Not free, or not mapped: refused.
+        assert!(!st.unmap(80 * MIB, 2 * MIB));
+    }
+}
