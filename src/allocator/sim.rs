@@ -510,17 +510,27 @@ impl Run<'_> {
             });
             // Follow the trace: the old block is gone, the new one is in its place.
             self.state.free(b);
-            return self.place_free(i, e, rounded);
+            if let Some(b) = self.state.block_containing(e.addr) {
+                self.place_free(b, i, e, rounded);
+            }
+            return;
         }
-        self.place_free(i, e, rounded);
+        self.place_free(b, i, e, rounded);
     }
 
-    fn place_free(&mut self, i: u32, e: &TraceEntry, rounded: u64) {
-        let Some(b) = self.state.block_containing(e.addr) else {
-            return;
-        };
-        let b = self.state.cut_at(b, e.addr);
-        self.take(b, i, e, rounded);
+    /// Hands out the part of the free block `b` that starts at the real address.
+    fn place_free(&mut self, b: u32, i: u32, e: &TraceEntry, rounded: u64) {
+        let size = self.state.blocks[b as usize].end().saturating_sub(e.addr);
+        let (_, split) = self.state.take_at(
+            b,
+            e.addr,
+            rounded.min(size),
+            e.size,
+            e.frames,
+            i,
+            self.settings,
+        );
+        self.count_split(split, size, rounded);
     }
 
     /// Hands out the free block `b`, which starts at the real address.
@@ -530,6 +540,10 @@ impl Run<'_> {
         let split = self
             .state
             .take(b, rounded.min(size), e.size, e.frames, i, settings);
+        self.count_split(split, size, rounded);
+    }
+
+    fn count_split(&mut self, split: bool, size: u64, rounded: u64) {
         if split {
             self.used(Rule::Split);
         } else if size > rounded {

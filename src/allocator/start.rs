@@ -74,147 +74,162 @@ fn small_of(kind: PoolKind, size: u64, expandable: bool) -> bool {
 }
 
 pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, StartInfo) {
-    let mut info = StartInfo::default();
     let trace = snapshot.trace(device);
 
-    // Segments at the start: the dump's, with the trace's segment events undone from the end.
-    let mut plain: BTreeMap<u64, SegInfo> = BTreeMap::new();
-    let mut mapped: BTreeMap<u64, SegInfo> = BTreeMap::new();
-    for s in snapshot.segments_of(device) {
-        let key = PoolKey {
-            pool: s.pool_id.unwrap_or((0, 0)),
-            stream: s.stream,
-            small: small_of(s.pool_kind, s.total_size, s.is_expandable),
-        };
-        let info_ = SegInfo {
-            size: s.total_size,
-            key,
-        };
-        if s.is_expandable {
-            mapped.insert(s.address, info_);
-        } else {
-            plain.insert(s.address, info_);
+    // Segments at the start (the dump's with the trace's segment events undone from the end)
+    // and the blocks alive then are found side by side: each reads the whole trace.
+    let segments_at_start = || {
+        let mut info = StartInfo::default();
+        let mut plain: BTreeMap<u64, SegInfo> = BTreeMap::new();
+        let mut mapped: BTreeMap<u64, SegInfo> = BTreeMap::new();
+        for s in snapshot.segments_of(device) {
+            let key = PoolKey {
+                pool: s.pool_id.unwrap_or((0, 0)),
+                stream: s.stream,
+                small: small_of(s.pool_kind, s.total_size, s.is_expandable),
+            };
+            let info_ = SegInfo {
+                size: s.total_size,
+                key,
+            };
+            if s.is_expandable {
+                mapped.insert(s.address, info_);
+            } else {
+                plain.insert(s.address, info_);
+            }
         }
-    }
-    let mut segment_events: Vec<u32> = Vec::new();
-    trace.for_each_core(0..trace.len(), |i, c| {
-        if matches!(
-            c.action,
-            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap
-        ) {
-            segment_events.push(i as u32);
-        }
-    });
-    for &i in segment_events.iter().rev() {
-        let e = trace.at(i as usize);
-        match e.action {
-            Action::SegmentAlloc => {
-                if let Some(seg) = plain.remove(&e.addr) {
-                    info.new_segment_keys.insert(i, seg.key);
-                } else {
-                    info.problem("segment_alloc_unknown", || {
-                        format!(
-                            "segment_alloc at {:#x} of a segment that is neither in the dump nor freed later",
-                            e.addr
-                        )
-                    });
+        let mut segment_events: Vec<u32> = Vec::new();
+        trace.for_each_core(0..trace.len(), |i, c| {
+            if matches!(
+                c.action,
+                Action::SegmentAlloc
+                    | Action::SegmentFree
+                    | Action::SegmentMap
+                    | Action::SegmentUnmap
+            ) {
+                segment_events.push(i as u32);
+            }
+        });
+        for &i in segment_events.iter().rev() {
+            let e = trace.at(i as usize);
+            match e.action {
+                Action::SegmentAlloc => {
+                    if let Some(seg) = plain.remove(&e.addr) {
+                        info.new_segment_keys.insert(i, seg.key);
+                    } else {
+                        info.problem("segment_alloc_unknown", || {
+                            format!(
+                                "segment_alloc at {:#x} of a segment that is neither in the dump nor freed later",
+                                e.addr
+                            )
+                        });
+                    }
                 }
-            }
-            Action::SegmentFree => {
-                // A segment made and released inside the window: which pool it served is not
-                // recorded (before the 2026 `pool_id`); the default pool is the common case.
-                let key = PoolKey {
-                    pool: (0, 0),
-                    stream: e.stream,
-                    small: e.size == SMALL_BUFFER,
-                };
-                if plain
-                    .insert(e.addr, SegInfo { size: e.size, key })
-                    .is_some()
-                {
-                    info.problem("segment_free_twice", || {
-                        format!(
-                            "segment_free at {:#x} of a segment that is still there after it",
-                            e.addr
-                        )
-                    });
+                Action::SegmentFree => {
+                    // A segment made and released inside the window: which pool it served is not
+                    // recorded (before the 2026 `pool_id`); the default pool is the common case.
+                    let key = PoolKey {
+                        pool: (0, 0),
+                        stream: e.stream,
+                        small: e.size == SMALL_BUFFER,
+                    };
+                    if plain
+                        .insert(e.addr, SegInfo { size: e.size, key })
+                        .is_some()
+                    {
+                        info.problem("segment_free_twice", || {
+                            format!(
+                                "segment_free at {:#x} of a segment that is still there after it",
+                                e.addr
+                            )
+                        });
+                    }
                 }
+                Action::SegmentMap => unmap_range(&mut mapped, e.addr, e.size),
+                Action::SegmentUnmap => {
+                    let small = e.size % settings.large_segment_size != 0;
+                    map_range(&mut mapped, e.addr, e.size, e.stream, small);
+                }
+                _ => {}
             }
-            Action::SegmentMap => unmap_range(&mut mapped, e.addr, e.size),
-            Action::SegmentUnmap => {
-                let small = e.size % settings.large_segment_size != 0;
-                map_range(&mut mapped, e.addr, e.size, e.stream, small);
-            }
-            _ => {}
         }
-    }
 
-    // Blocks alive at the start.
-    #[derive(Clone, Copy, PartialEq)]
-    enum Open {
-        Allocated,
-        Requested,
-    }
-    let mut open: FxHashMap<u64, Open> = FxHashMap::default();
-    let mut live: Vec<Live> = Vec::new();
-    trace.for_each_core(0..trace.len(), |i, e| {
-        let i = i as u32;
-        match e.action {
-            Action::Alloc => {
-                open.insert(e.addr, Open::Allocated);
+        (plain, mapped, info)
+    };
+    let live_at_start = || {
+        let mut pending_blocks = 0u64;
+        let mut live_from_dump = 0u64;
+        #[derive(Clone, Copy, PartialEq)]
+        enum Open {
+            Allocated,
+            Requested,
+        }
+        let mut open: FxHashMap<u64, Open> = FxHashMap::default();
+        let mut live: Vec<Live> = Vec::new();
+        trace.for_each_core(0..trace.len(), |i, e| {
+            let i = i as u32;
+            match e.action {
+                Action::Alloc => {
+                    open.insert(e.addr, Open::Allocated);
+                }
+                Action::FreeRequested => {
+                    // A free of a block the window did not allocate: alive at the start.
+                    let before_window = open.insert(e.addr, Open::Requested).is_none();
+                    if before_window {
+                        live.push(Live {
+                            addr: e.addr,
+                            size: None,
+                            requested: e.size,
+                            pending: false,
+                            stack: e.frames,
+                            freed_at: i,
+                            decided_end: None,
+                        });
+                    }
+                }
+                Action::FreeCompleted => {
+                    // Its free_requested came before the window too: pending at the start.
+                    let before_window = open.remove(&e.addr).is_none();
+                    if before_window {
+                        live.push(Live {
+                            addr: e.addr,
+                            size: None,
+                            requested: e.size,
+                            pending: true,
+                            stack: e.frames,
+                            freed_at: i,
+                            decided_end: None,
+                        });
+                        pending_blocks += 1;
+                    }
+                }
+                _ => {}
             }
-            Action::FreeRequested => {
-                // A free of a block the window did not allocate: alive at the start.
-                let before_window = open.insert(e.addr, Open::Requested).is_none();
-                if before_window {
+        });
+        for s in snapshot.segments_of(device) {
+            for b in &s.blocks {
+                if b.state.is_active() && !open.contains_key(&b.address) {
                     live.push(Live {
-                        addr: e.addr,
-                        size: None,
-                        requested: e.size,
-                        pending: false,
-                        stack: e.frames,
-                        freed_at: i,
+                        addr: b.address,
+                        size: Some(b.size),
+                        requested: b.requested_size,
+                        pending: b.state == DumpState::ActivePendingFree,
+                        stack: b.frames,
+                        freed_at: u32::MAX,
                         decided_end: None,
                     });
+                    live_from_dump += 1;
                 }
             }
-            Action::FreeCompleted => {
-                // Its free_requested came before the window too: pending at the start.
-                let before_window = open.remove(&e.addr).is_none();
-                if before_window {
-                    live.push(Live {
-                        addr: e.addr,
-                        size: None,
-                        requested: e.size,
-                        pending: true,
-                        stack: e.frames,
-                        freed_at: i,
-                        decided_end: None,
-                    });
-                    info.pending_blocks += 1;
-                }
-            }
-            _ => {}
         }
-    });
-    for s in snapshot.segments_of(device) {
-        for b in &s.blocks {
-            if b.state.is_active() && !open.contains_key(&b.address) {
-                live.push(Live {
-                    addr: b.address,
-                    size: Some(b.size),
-                    requested: b.requested_size,
-                    pending: b.state == DumpState::ActivePendingFree,
-                    stack: b.frames,
-                    freed_at: u32::MAX,
-                    decided_end: None,
-                });
-                info.live_from_dump += 1;
-            }
-        }
-    }
-    drop(open);
-    decide_remainders(&mut live, trace, settings);
+        drop(open);
+        decide_remainders(&mut live, trace, settings);
+        (live, pending_blocks, live_from_dump)
+    };
+    let ((plain, mapped, mut info), (mut live, pending_blocks, live_from_dump)) =
+        rayon::join(segments_at_start, live_at_start);
+    info.pending_blocks = pending_blocks;
+    info.live_from_dump = live_from_dump;
     live.sort_unstable_by_key(|l| l.addr);
     info.live_blocks = live.len() as u64;
 

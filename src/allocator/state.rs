@@ -379,7 +379,23 @@ impl State {
         birth: u32,
         settings: &Settings,
     ) -> bool {
-        self.free_remove(b);
+        self.take_block(b, true, rounded, requested, stack, birth, settings)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn take_block(
+        &mut self,
+        b: u32,
+        listed: bool,
+        rounded: u64,
+        requested: u64,
+        stack: StackId,
+        birth: u32,
+        settings: &Settings,
+    ) -> bool {
+        if listed {
+            self.free_remove(b);
+        }
         let seg = self.blocks[b as usize].seg;
         self.whole_free.remove(&seg);
         let small = self.segs[seg as usize].key.small;
@@ -418,9 +434,19 @@ impl State {
     /// Cuts the free block `b` so that a block starts at `addr` (inside it); returns that
     /// block, free. For following the real allocator where the model chose otherwise.
     pub fn cut_at(&mut self, b: u32, addr: u64) -> u32 {
+        let (high, listed) = self.carve(b, addr);
+        if !listed {
+            self.free_insert(high);
+        }
+        high
+    }
+
+    /// [`State::cut_at`] for a block about to be handed out: the high part is left out of the
+    /// free lists (it would be taken out again at once). Returns it and whether it is listed.
+    fn carve(&mut self, b: u32, addr: u64) -> (u32, bool) {
         let blk = &self.blocks[b as usize];
         if addr <= blk.addr || addr >= blk.end() {
-            return b;
+            return (b, true);
         }
         let (end, next, seg) = (blk.end(), blk.next, blk.seg);
         self.free_remove(b);
@@ -441,8 +467,25 @@ impl State {
         low.size = addr - low.addr;
         self.by_addr.insert(addr, high);
         self.free_insert(b);
-        self.free_insert(high);
-        high
+        (high, false)
+    }
+
+    /// Hands out the part of free block `b` that starts at `addr` (the real allocator's
+    /// choice where the model's differed): [`State::cut_at`] then [`State::take`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn take_at(
+        &mut self,
+        b: u32,
+        addr: u64,
+        rounded: u64,
+        requested: u64,
+        stack: StackId,
+        birth: u32,
+        settings: &Settings,
+    ) -> (u32, bool) {
+        let (high, listed) = self.carve(b, addr);
+        let split = self.take_block(high, listed, rounded, requested, stack, birth, settings);
+        (high, split)
     }
 
     /// `free_requested`: the block stays in place, not reusable.
