@@ -2290,3 +2290,24 @@ fn outputs_never_replace_an_input_or_follow_a_link() {
         .contains("device 0"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The timeline of a long trace: each level of the requested and reserved curves was read from
+/// a checkpoint again (thousands of steps per event) and each allocation's call site worked out
+/// again; now one sweep. Linear in the trace, default `--detail`.
+#[test]
+fn the_timeline_is_linear_in_the_trace() {
+    let input = |n: usize| {
+        let mut entries = vec![entry("segment_alloc", 1 << 20, 1 << 30)];
+        for k in 0..n as i32 {
+            let addr = (1 << 20) + (k % 100_000) * 8192;
+            entries.push(entry("alloc", addr, 512 * (1 + k % 13)));
+            if k >= 64 {
+                let old = (1 << 20) + ((k - 64) % 100_000) * 8192;
+                entries.push(entry("free_requested", old, 512 * (1 + (k - 64) % 13)));
+                entries.push(entry("free_completed", old, 512 * (1 + (k - 64) % 13)));
+            }
+        }
+        scratch_file("timeline-long.pickle", &snapshot_of(&[entries]))
+    };
+    expect_linear("timeline", 160_000, &["timeline", "-o", "-"], input);
+}
