@@ -105,8 +105,11 @@ impl Settings {
                     };
                     let key = key.trim();
                     if matches!(key, "max_non_split_rounding_mb" | "large_segment_size_mb") {
-                        if let Err(e) = s.set(key, value.trim()) {
-                            notes.push(e.to_string());
+                        // The value is the dump's text: not repeated in the note.
+                        if s.set(key, value.trim()).is_err() {
+                            notes.push(format!(
+                                "the dump's {key} is not a size the allocator accepts: the default is used"
+                            ));
                         }
                     } else if key == "backend" && value.trim() == "cudaMallocAsync" {
                         notes.push(
