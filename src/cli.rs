@@ -1311,6 +1311,20 @@ pub fn write_output(
         }
     }
     let shown = || crate::render::safe::term(&path.display().to_string()).into_owned();
+    // A device, pipe or terminal (`-o /dev/null`, `/dev/stdout`, a FIFO) is a stream to write
+    // into, not a file to replace: renaming over it would put a plain file in its place.
+    if let Ok(meta) = std::fs::metadata(path) {
+        if !meta.is_file() && !meta.is_dir() {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", shown()))?;
+            return f
+                .write_all(bytes)
+                .and_then(|_| f.flush())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", shown()));
+        }
+    }
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

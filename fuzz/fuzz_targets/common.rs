@@ -53,4 +53,16 @@ pub fn analyse(snapshot: Snapshot, len: usize) {
         fail_on_oom: true,
     };
     let _ = snapscan::analysis::check::check(&report, &budgets);
+    // The allocator model: the exact replay and a what-if of the first devices.
+    let s = &loaded.snapshot;
+    let (settings, _) = snapscan::allocator::Settings::from_snapshot(s);
+    for d in s.devices().into_iter().take(4) {
+        let sim = snapscan::allocator::simulate(s, d, &settings, &Default::default());
+        assert!(sim.placed <= sim.allocs);
+        let request = snapscan::analysis::whatif::Request {
+            set: Some("expandable_segments:True".to_owned()),
+            ..Default::default()
+        };
+        let _ = snapscan::analysis::whatif::whatif_device(s, d, &request);
+    }
 }

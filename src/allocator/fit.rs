@@ -234,10 +234,10 @@ fn min_window(state: &State, s: u32, rounded: u64) -> Option<(u64, u32, u32, u32
         if blocks[hi].2 {
             live = live.saturating_add(blocks[hi].1);
         }
-        while lo < hi && span - blocks[lo].1 >= rounded {
-            span -= blocks[lo].1;
+        while lo < hi && span.saturating_sub(blocks[lo].1) >= rounded {
+            span = span.saturating_sub(blocks[lo].1);
             if blocks[lo].2 {
-                live -= blocks[lo].1;
+                live = live.saturating_sub(blocks[lo].1);
             }
             lo += 1;
         }

@@ -340,7 +340,12 @@ impl Run<'_> {
     fn alloc(&mut self, i: u32, e: &TraceEntry, opts: &Options, snapshot: &Snapshot) {
         let settings = self.settings;
         let rounded = rules::round_size(e.size, settings);
-        if rounded != e.size.div_ceil(rules::MIN_BLOCK).max(1) * rules::MIN_BLOCK {
+        if rounded
+            != e.size
+                .div_ceil(rules::MIN_BLOCK)
+                .max(1)
+                .saturating_mul(rules::MIN_BLOCK)
+        {
             self.used(Rule::RoundupPower2);
         }
         let small = rules::is_small(rounded);
@@ -596,7 +601,7 @@ impl Run<'_> {
         let mut predicted_map = if model_grows && settings.expandable_segments {
             // The mapped pages the request needs beyond a free tail it can grow.
             let page = rules::page_size(small, settings);
-            Some(rounded.div_ceil(page) * page)
+            Some(rounded.div_ceil(page).saturating_mul(page))
         } else {
             None
         };
@@ -633,7 +638,7 @@ impl Run<'_> {
                         let tail = self.free_tail_before(p.addr);
                         let need = rounded.saturating_sub(tail);
                         let page = rules::page_size(small, settings);
-                        let need = need.div_ceil(page) * page;
+                        let need = need.div_ceil(page).saturating_mul(page);
                         if p.size <= need.max(page) || p.size == *want {
                             self.sim.maps.predicted += 1;
                         } else {

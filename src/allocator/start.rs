@@ -327,19 +327,21 @@ fn tile(
                 } else if rounded >= settings.max_split() {
                     // Oversize blocks are never split: the block may reach the next live one.
                     info.uncertain_blocks += 1;
-                    info.uncertain_min_bytes += rounded;
-                    info.uncertain_max_bytes += rounded + gap.min(settings.max_non_split_rounding);
+                    info.uncertain_min_bytes = info.uncertain_min_bytes.saturating_add(rounded);
+                    info.uncertain_max_bytes = info.uncertain_max_bytes.saturating_add(
+                        rounded.saturating_add(gap.min(settings.max_non_split_rounding)),
+                    );
                     rounded
-                } else if let Some(end) = l
-                    .decided_end
-                    .filter(|&e| e > l.addr + rounded && e <= l.addr + rounded + SMALL_SIZE)
-                {
+                } else if let Some(end) = l.decided_end.filter(|&e| {
+                    let end = l.addr.saturating_add(rounded);
+                    e > end && e <= end.saturating_add(SMALL_SIZE)
+                }) {
                     // A block the trace shows starting within 1 MiB after it while it lived.
                     end - l.addr
                 } else if gap > 0 && gap <= SMALL_SIZE {
                     // Every free block of a large pool is over 1 MiB (a split leaves more, and
                     // blocks are over 1 MiB): a gap this small is the block's unsplit remainder.
-                    rounded + gap
+                    rounded.saturating_add(gap)
                 } else {
                     rounded
                 }

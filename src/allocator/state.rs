@@ -404,7 +404,7 @@ impl State {
         if split {
             let blk = &self.blocks[b as usize];
             let rest = Block {
-                addr: blk.addr + rounded,
+                addr: blk.addr.saturating_add(rounded),
                 size: size - rounded,
                 seg: blk.seg,
                 prev: b,
@@ -557,7 +557,8 @@ impl State {
                 let last = self.last_block(s);
                 if self.blocks[last as usize].state == BlockState::Free {
                     self.free_remove(last);
-                    self.blocks[last as usize].size += size;
+                    self.blocks[last as usize].size =
+                        self.blocks[last as usize].size.saturating_add(size);
                     self.free_insert(last);
                 } else {
                     let nb = self.new_block(Block {
@@ -620,7 +621,7 @@ impl State {
         self.move_blocks(first, a);
         self.blocks[last as usize].next = first;
         self.blocks[first as usize].prev = last;
-        self.segs[a as usize].size += size;
+        self.segs[a as usize].size = self.segs[a as usize].size.saturating_add(size);
         if self.blocks[last as usize].state == BlockState::Free
             && self.blocks[first as usize].state == BlockState::Free
         {

@@ -56,6 +56,16 @@ pub struct Outcome {
     pub notes: Vec<String>,
 }
 
+/// Bytes as a signed figure, saturating (a hostile file can claim sizes near 2^64).
+pub fn signed(bytes: u64) -> i64 {
+    bytes.min(i64::MAX as u64) as i64
+}
+
+/// What is left of `limit` after `used` (negative: how much `used` is over it), saturating.
+pub fn margin(limit: u64, used: u64) -> i64 {
+    (i128::from(limit) - i128::from(used)).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
 /// Where new segments go: addresses no real segment uses, so that they cannot collide.
 const SYNTHETIC_BASE: u64 = 1 << 56;
 /// Free blocks of a page or more one release looks at per pool (a hostile trace could keep
@@ -210,7 +220,7 @@ impl Run<'_> {
                 if seg.key.pool != (0, 0) && self.state.seg_is_free(s) {
                     let size = seg.size;
                     self.state.remove_segment(s);
-                    self.reserved_changed(-(size as i64));
+                    self.reserved_changed(-signed(size));
                 }
             }
         }
@@ -231,7 +241,7 @@ impl Run<'_> {
             }
             let size = seg.size;
             self.state.remove_segment(s);
-            self.reserved_changed(-(size as i64));
+            self.reserved_changed(-signed(size));
         }
         // Expandable ranges give back the whole pages of their free blocks: those of at least
         // a page, found in the free lists of the default pool's keys.
@@ -261,10 +271,10 @@ impl Run<'_> {
                 })
                 .collect();
             for (lo, hi) in free {
-                let lo = lo.div_ceil(page) * page;
+                let lo = lo.div_ceil(page).saturating_mul(page);
                 let hi = hi / page * page;
                 if hi > lo && self.state.unmap(lo, hi - lo) {
-                    self.reserved_changed(-((hi - lo) as i64));
+                    self.reserved_changed(-signed(hi - lo));
                 }
             }
         }
@@ -302,7 +312,7 @@ impl Run<'_> {
                     return Ok(b);
                 }
             } else {
-                return Err(limit as i64 - self.state.reserved.saturating_add(need) as i64);
+                return Err(margin(limit, self.state.reserved.saturating_add(need)));
             }
         }
         Err(0)
@@ -315,7 +325,10 @@ impl Run<'_> {
         }
         let page = rules::page_size(key.small, self.settings);
         let tail = self.spot(key, rounded).map_or(0, |(_, free)| free);
-        rounded.saturating_sub(tail).div_ceil(page) * page
+        rounded
+            .saturating_sub(tail)
+            .div_ceil(page)
+            .saturating_mul(page)
     }
 
     /// `find_expandable_block`: where an expandable pool maps pages for a request: after the
@@ -364,18 +377,20 @@ impl Run<'_> {
         if !self.settings.expandable_segments {
             let addr = real.unwrap_or_else(|| {
                 let a = self.next_addr;
-                self.next_addr =
-                    a.saturating_add(need.div_ceil(rules::ROUND_LARGE) * rules::ROUND_LARGE);
+                self.next_addr = a.saturating_add(
+                    need.div_ceil(rules::ROUND_LARGE)
+                        .saturating_mul(rules::ROUND_LARGE),
+                );
                 a
             });
             self.state.add_segment(addr, need, key, false, Vec::new());
-            self.reserved_changed(need as i64);
+            self.reserved_changed(signed(need));
             return;
         }
         if let Some(at) = real {
             self.state.map(at, need, key);
             self.reservations.entry(key).or_insert(at);
-            self.reserved_changed(need as i64);
+            self.reserved_changed(signed(need));
             return;
         }
         let at = match self.spot(key, rounded) {
@@ -388,7 +403,7 @@ impl Run<'_> {
             }
         };
         self.state.map(at, need, key);
-        self.reserved_changed(need as i64);
+        self.reserved_changed(signed(need));
     }
 
     fn size_of(&self, i: u32, e: &TraceEntry) -> u64 {
@@ -469,7 +484,7 @@ impl Run<'_> {
     /// Capacity not reserved.
     fn headroom(&self) -> i64 {
         match self.changes.capacity {
-            Some(c) => c as i64 - self.state.reserved as i64,
+            Some(c) => margin(c, self.state.reserved),
             None => i64::MAX,
         }
     }

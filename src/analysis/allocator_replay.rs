@@ -307,7 +307,10 @@ pub fn summary(w: &WhyOut, oom: bool, quote: &dyn Fn(&str) -> String) -> String 
         s.push_str("; no segment of the pool is large enough for it even if emptied");
     }
     let u = &w.unusable;
-    let elsewhere = u.other_streams + u.other_pools + u.other_size_class;
+    let elsewhere = u
+        .other_streams
+        .saturating_add(u.other_pools)
+        .saturating_add(u.other_size_class);
     if elsewhere > 0 {
         let mut parts = Vec::new();
         for (n, what) in [

@@ -283,8 +283,12 @@ fn real_segment_changes(snapshot: &Snapshot, device: i64) -> Vec<(u32, i64)> {
     let mut waiting: Vec<i64> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => waiting.push(e.size as i64),
-            Action::SegmentFree | Action::SegmentUnmap => waiting.push(-(e.size as i64)),
+            Action::SegmentAlloc | Action::SegmentMap => {
+                waiting.push(allocator::whatif::signed(e.size))
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                waiting.push(-allocator::whatif::signed(e.size))
+            }
             _ => out.extend(waiting.drain(..).map(|d| (i as u32, d))),
         }
     }
@@ -485,7 +489,7 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
     let mut real = scenario(real_settings, real_cap, &model_real, phases, true);
     // The real run's reserved bytes as the trace has them.
     let start_reserved = sim.start.reserved_bytes;
-    let mut level = start_reserved as i64;
+    let mut level = allocator::whatif::signed(start_reserved);
     let mut curve: Vec<(u32, u64)> = Vec::new();
     for (e, d) in real_segment_changes(snapshot, device) {
         level = level.saturating_add(d);
@@ -506,7 +510,10 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
             event: o.event,
             fits: false,
             margin_bytes: match real_cap {
-                Some(c) => c as i64 - o.why.reserved_bytes.saturating_add(o.segment_bytes) as i64,
+                Some(c) => allocator::whatif::margin(
+                    c,
+                    o.why.reserved_bytes.saturating_add(o.segment_bytes),
+                ),
                 None => 0,
             },
             real: true,

@@ -5,6 +5,7 @@
 use std::process::Command;
 
 use snapscan::allocator::{self, Settings};
+use snapscan::analysis::whatif::whatif_device;
 use snapscan::snapshot;
 
 use crate::common;
@@ -178,6 +179,14 @@ fn settings_the_model_does_not_follow_are_refused_by_name() {
 #[test]
 fn inconsistent_traces_give_a_partial_replay() {
     for name in [
+        // Sizes and addresses near 2^64 in settings, segments, blocks and entries, found by a
+        // random generator of such files: each overflowed a product or a sum of the model.
+        "allocator-overflow-106.json",
+        "allocator-overflow-116.json",
+        "allocator-overflow-125.json",
+        "allocator-overflow-171.json",
+        "allocator-overflow-183.json",
+        "allocator-overflow-185.json",
         "three-segments-of-2-pow-63.json",
         "trace-size-i64-max.json",
         "segment-address-near-2-pow-64.json",
@@ -191,8 +200,28 @@ fn inconsistent_traces_give_a_partial_replay() {
         let (settings, _) = Settings::from_snapshot(&s);
         for d in s.devices() {
             let sim = allocator::simulate(&s, d, &settings, &Default::default());
-            let _ = sim.divergence_count;
+            assert!(sim.placed <= sim.allocs, "{name}");
+            let req = snapscan::analysis::whatif::Request {
+                set: Some("max_split_size_mb:20".to_owned()),
+                scales: vec![("batch".to_owned(), 0.5)],
+                search: true,
+                ..Default::default()
+            };
+            let w = whatif_device(&s, d, &req);
+            assert_eq!(w.device, d, "{name}");
         }
+        // The report too runs the model at OOMs (and checks its advice by replay).
+        let loaded = snapscan::snapshot::LoadedSnapshot {
+            name: name.to_owned(),
+            decoded_bytes: bytes.len() as u64,
+            compression: snapscan::input::Compression::None,
+            snapshot: s,
+        };
+        let report = snapscan::analysis::report::file_report(
+            &loaded,
+            &snapscan::analysis::report::ReportOptions::default(),
+        );
+        assert!(report.devices.len() <= loaded.snapshot.devices().len());
     }
     let dir = std::env::temp_dir().join(format!("snapscan-alloc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -2288,6 +2288,34 @@ fn outputs_never_replace_an_input_or_follow_a_link() {
     assert!(std::fs::read_to_string(&out_link)
         .unwrap()
         .contains("device 0"));
+    // A pipe (as /dev/null or /dev/stdout) is written into, not replaced by a plain file.
+    let fifo = dir.join("pipe");
+    let _ = std::fs::remove_file(&fifo);
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(&fifo).unwrap_or_default())
+        };
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_snapscan"))
+            .args(["report", "-o"])
+            .arg(&fifo)
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let read = reader.join().unwrap();
+        assert!(String::from_utf8_lossy(&read).contains("device 0"));
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
