@@ -24,6 +24,8 @@ pub struct Options {
     /// Explain only the OOMs at these events (sorted), and no `cudaMalloc`s: what the report
     /// needs. `None`: the first OOMs and `cudaMalloc`s, as `replay` shows them.
     pub only_ooms: Option<Vec<u32>>,
+    /// Keep the block size the model gave each alloc (`Simulation::block_sizes`).
+    pub block_sizes: bool,
 }
 
 /// Which rule decided a model's choice.
@@ -161,6 +163,10 @@ pub struct Simulation {
     pub placements: Vec<(u32, Option<u64>)>,
     /// Frees of addresses that hold no block in the model.
     pub unknown_frees: u64,
+    /// With `Options::block_sizes`: the block each alloc was handed (its unsplit remainder
+    /// included) by event, and the blocks alive at the window start by address.
+    pub block_sizes: FxHashMap<u32, u64>,
+    pub start_block_sizes: FxHashMap<u64, u64>,
     /// The allocs that went to a private pool (CUDA graphs, MemPools), with the pool.
     pub private_allocs: FxHashMap<u32, (i64, i64)>,
     /// Σ block bytes of live allocations and Σ segment bytes, at their highest, with the event
@@ -172,6 +178,7 @@ pub struct Simulation {
 
 struct Run<'a> {
     settings: &'a Settings,
+    block_sizes: bool,
     only_ooms: Option<&'a [u32]>,
     state: State,
     sim: Simulation,
@@ -214,8 +221,19 @@ fn simulate_until(
     let (state, start) = start::build(snapshot, device, settings);
     timer.lap("allocator: state at the window start");
     let trace = snapshot.trace(device);
+    let start_block_sizes: FxHashMap<u64, u64> = if opts.block_sizes {
+        state
+            .blocks
+            .iter()
+            .filter(|b| b.seg != super::state::NIL && b.state != BlockState::Free)
+            .map(|b| (b.addr, b.size))
+            .collect()
+    } else {
+        FxHashMap::default()
+    };
     let mut run = Run {
         settings,
+        block_sizes: opts.block_sizes,
         only_ooms: opts.only_ooms.as_deref(),
         state,
         sim: Simulation {
@@ -241,6 +259,8 @@ fn simulate_until(
             placements: Vec::new(),
             unknown_frees: 0,
             private_allocs: FxHashMap::default(),
+            block_sizes: FxHashMap::default(),
+            start_block_sizes,
             peak_allocated: (0, None),
             peak_reserved: (0, None),
             notes: Vec::new(),
@@ -526,7 +546,7 @@ impl Run<'_> {
     /// Hands out the part of the free block `b` that starts at the real address.
     fn place_free(&mut self, b: u32, i: u32, e: &TraceEntry, rounded: u64) {
         let size = self.state.blocks[b as usize].end().saturating_sub(e.addr);
-        let (_, split) = self.state.take_at(
+        let (taken, split) = self.state.take_at(
             b,
             e.addr,
             rounded.min(size),
@@ -536,6 +556,15 @@ impl Run<'_> {
             self.settings,
         );
         self.count_split(split, size, rounded);
+        self.record_size(i, taken);
+    }
+
+    fn record_size(&mut self, i: u32, b: u32) {
+        if self.block_sizes {
+            self.sim
+                .block_sizes
+                .insert(i, self.state.blocks[b as usize].size);
+        }
     }
 
     /// Hands out the free block `b`, which starts at the real address.
@@ -546,6 +575,7 @@ impl Run<'_> {
             .state
             .take(b, rounded.min(size), e.size, e.frames, i, settings);
         self.count_split(split, size, rounded);
+        self.record_size(i, b);
     }
 
     fn count_split(&mut self, split: bool, size: u64, rounded: u64) {

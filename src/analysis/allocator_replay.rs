@@ -20,6 +20,7 @@ pub fn replay_file(
     let opts = allocator::Options {
         placements: full,
         only_ooms: None,
+        block_sizes: false,
     };
     let devices: Vec<i64> = snapshot
         .devices()

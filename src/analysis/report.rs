@@ -566,6 +566,7 @@ fn allocator_at_ooms(
     let opts = crate::allocator::Options {
         placements: false,
         only_ooms: Some(events),
+        block_sizes: false,
     };
     crate::allocator::simulate(snapshot, device, &settings, &opts)
 }

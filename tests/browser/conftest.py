@@ -89,6 +89,9 @@ def format_bytes(b):
 # name -> (how to make the snapshot, has an OOM)
 CASES = {
     "fixture-train-oom-forward": (lambda d: fixture("synth", "train-oom-forward.pickle"), True),
+    # A real OOM whose largest usable hole the allocator model decides (22.9 MiB; the
+    # request-rounded estimate said 48.0 MiB): the page must show the report's figure.
+    "captured-oom-backward": (lambda d: fixture("captured", "oom_backward.pickle"), True),
     "real-notHanmin": (
         lambda d: fixture("real", "notHanmin__assignment2-systems__memory_snapshot.pickle"),
         False,

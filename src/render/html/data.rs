@@ -174,6 +174,28 @@ impl<'a> Stacks<'a> {
 pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Columns) {
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
+    // Where the report explains an OOM with the allocator model, the page's allocator state
+    // uses its exact block sizes too (unsplit remainders included), so that both show the
+    // same holes; elsewhere the block sizes are the requests rounded, as before.
+    let exact = trace.iter().any(|e| e.action == Action::Oom).then(|| {
+        let (settings, _) = crate::allocator::Settings::from_snapshot(snapshot);
+        let opts = crate::allocator::Options {
+            block_sizes: true,
+            only_ooms: Some(Vec::new()),
+            ..Default::default()
+        };
+        crate::allocator::simulate(snapshot, device, &settings, &opts)
+    });
+    let block_of = |a: &crate::analysis::lifetimes::Allocation| -> u64 {
+        let Some(sim) = &exact else {
+            return a.block_bytes;
+        };
+        let model = match a.alloc_event {
+            Some(e) => sim.block_sizes.get(&e),
+            None => sim.start_block_sizes.get(&a.address),
+        };
+        model.copied().unwrap_or(a.block_bytes)
+    };
     let n = replay.events;
     let phases = find_phases(snapshot, device);
     let (peak, peak_event) = replay.requested.peak();
@@ -218,7 +240,7 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
         last_birth = b;
         life.u(end.saturating_sub(b));
         req.u(a.requested_bytes);
-        blk.i(a.block_bytes.wrapping_sub(a.requested_bytes) as i64);
+        blk.i(block_of(a).wrapping_sub(a.requested_bytes) as i64);
         addr.i(a.address.wrapping_sub(last_addr) as i64);
         last_addr = a.address;
         stack.u(u64::from(stacks.of(a.stack)));
