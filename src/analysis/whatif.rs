@@ -178,9 +178,49 @@ fn peak_out(p: (u64, Option<u32>), phases: &Phases) -> PeakOut {
     }
 }
 
+/// What a size change reads of each alloc of the window: worked out once per device (a
+/// lifetimes replay and the categorizer), then reused by every replay of a search.
+pub struct AllocFacts {
+    /// (alloc event, requested bytes, category, phase, stack).
+    allocs: Vec<(u32, u64, Category, Phase, crate::snapshot::StackId)>,
+    /// OOM events and their requests.
+    ooms: Vec<(u32, u64)>,
+}
+
+impl AllocFacts {
+    fn new(snapshot: &Snapshot, device: i64, phases: &Phases) -> AllocFacts {
+        let replay = replay_device(snapshot, device);
+        let categorizer = Categorizer::new(snapshot, phases, &replay);
+        let allocs = replay
+            .allocations
+            .values()
+            .filter_map(|a| {
+                let event = a.alloc_event?;
+                let category = categorizer.claim(&a).category;
+                Some((
+                    event,
+                    a.requested_bytes,
+                    category,
+                    phases.at(Some(event)),
+                    a.stack,
+                ))
+            })
+            .collect();
+        let ooms = snapshot
+            .trace(device)
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Oom)
+            .map(|(i, e)| (i as u32, e.size))
+            .collect();
+        AllocFacts { allocs, ooms }
+    }
+}
+
 /// New request sizes by event for the size changes asked.
 fn sizes_for(
     snapshot: &Snapshot,
+    facts: &std::sync::OnceLock<AllocFacts>,
     device: i64,
     phases: &Phases,
     req: &Request,
@@ -189,8 +229,7 @@ fn sizes_for(
     if req.scales.is_empty() && req.drops.is_empty() && req.optimizer.is_none() {
         return sizes;
     }
-    let replay = replay_device(snapshot, device);
-    let categorizer = Categorizer::new(snapshot, phases, &replay);
+    let facts = facts.get_or_init(|| AllocFacts::new(snapshot, device, phases));
     let sites = CallSites::new(&snapshot.interner);
     let drops: Vec<glob::Pattern> = req
         .drops
@@ -198,10 +237,7 @@ fn sizes_for(
         .filter_map(|d| glob::Pattern::new(d).ok())
         .collect();
     let batch = |phase: Phase| matches!(phase, Phase::Forward | Phase::Backward);
-    for a in replay.allocations.values() {
-        let Some(event) = a.alloc_event else { continue };
-        let category = categorizer.claim(&a).category;
-        let phase = phases.at(Some(event));
+    for &(event, requested, category, phase, stack) in &facts.allocs {
         let mut f = 1.0f64;
         for (what, factor) in &req.scales {
             let hit = if what == "batch" {
@@ -221,7 +257,7 @@ fn sizes_for(
             }
         }
         if !drops.is_empty() {
-            if let Some(site) = sites.of(a.stack) {
+            if let Some(site) = sites.of(stack) {
                 if drops
                     .iter()
                     .any(|p| p.matches(&site) || p.as_str() == &*site)
@@ -231,16 +267,15 @@ fn sizes_for(
             }
         }
         if f != 1.0 {
-            sizes.insert(event, (a.requested_bytes as f64 * f).ceil() as u64);
+            sizes.insert(event, (requested as f64 * f).ceil() as u64);
         }
     }
     // The request that failed: its category is unknown; a batch change scales it in the
     // forward and backward passes.
     if let Some(f) = req.scales.iter().find(|(w, _)| w == "batch").map(|s| s.1) {
-        let trace = snapshot.trace(device);
-        for (i, e) in trace.iter().enumerate() {
-            if e.action == Action::Oom && batch(phases.at(Some(i as u32))) {
-                sizes.insert(i as u32, (e.size as f64 * f).ceil() as u64);
+        for &(i, size) in &facts.ooms {
+            if batch(phases.at(Some(i))) {
+                sizes.insert(i, (size as f64 * f).ceil() as u64);
             }
         }
     }
@@ -401,6 +436,7 @@ pub struct Base<'a> {
     pub sim: Simulation,
     pub phases: Phases,
     pub real_capacity: Option<u64>,
+    facts: std::sync::OnceLock<AllocFacts>,
 }
 
 impl<'a> Base<'a> {
@@ -431,6 +467,7 @@ impl<'a> Base<'a> {
             sim,
             phases,
             real_capacity,
+            facts: std::sync::OnceLock::new(),
         }
     }
 
@@ -447,7 +484,7 @@ impl<'a> Base<'a> {
             (None, None) => self.real_capacity,
         };
         let changes = Changes {
-            sizes: sizes_for(self.snapshot, self.device, &self.phases, req),
+            sizes: sizes_for(self.snapshot, &self.facts, self.device, &self.phases, req),
             capacity,
             pools: self.sim.private_allocs.clone(),
             follow_releases: capacity.is_none(),
@@ -545,7 +582,7 @@ pub fn whatif_device(snapshot: &Snapshot, device: i64, req: &Request) -> WhatifD
     }
     let search = req
         .search
-        .then(|| search(snapshot, device, req, &settings, capacity, &changes, phases));
+        .then(|| search(&base, req, &settings, capacity, &changes));
     WhatifDevice {
         device,
         events: snapshot.trace(device).len() as u64,
@@ -566,14 +603,13 @@ fn fits(o: &Outcome) -> bool {
 /// Bisection over replays: the largest batch factor that fits (with the other changes), or
 /// without size changes the smallest capacity that fits.
 fn search(
-    snapshot: &Snapshot,
-    device: i64,
+    base: &Base,
     req: &Request,
     settings: &Settings,
     capacity: Option<u64>,
     changes: &Changes,
-    phases: &Phases,
 ) -> SearchOut {
+    let (snapshot, device) = (base.snapshot, base.device);
     const STEPS: u32 = 12;
     if capacity.is_some() {
         let run = |f: f64| {
@@ -581,7 +617,7 @@ fn search(
             r.scales.retain(|(w, _)| w != "batch");
             r.scales.push(("batch".to_owned(), f));
             let c = Changes {
-                sizes: sizes_for(snapshot, device, phases, &r),
+                sizes: sizes_for(snapshot, &base.facts, device, &base.phases, &r),
                 ..changes.clone()
             };
             fits(&allocator::whatif(snapshot, device, settings, &c))
