@@ -466,3 +466,51 @@ fn the_page_links_only_its_own_pictures() {
         assert!(!page.contains(bad), "the page links {bad}…");
     }
 }
+
+/// `replay` and `whatif` name call sites (the holders and pinners of a failed request) and
+/// the file: escaped in text, and Markdown with the structure of the benign input's.
+#[test]
+fn replay_and_whatif_show_names_escaped() {
+    let dir = scratch().join("replay");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Each alloc in a segment of its own, so that the OOM's chain names who holds them.
+    let with_segments = |sites: &[(String, String)]| {
+        let mut doc = snapshot(sites, 1);
+        let trace = doc["device_traces"][0].as_array().unwrap().clone();
+        let mut out = Vec::new();
+        for e in trace {
+            if e["action"] == "alloc" {
+                out.push(json!({"action": "segment_alloc", "addr": e["addr"].clone(),
+                                "size": 64u64 << 20, "stream": 0}));
+            }
+            out.push(e);
+        }
+        doc["device_traces"][0] = Json::Array(out);
+        doc
+    };
+    let hostile = write(&dir, HOSTILE_FILE, &with_segments(&hostile_sites()));
+    let benign = write(&dir, "benign.json", &with_segments(&benign_sites()));
+    for cmd in [
+        &["replay"][..],
+        &["whatif", "--set", "expandable_segments:True"],
+    ] {
+        let text = |file: &Path| {
+            let mut args: Vec<&std::ffi::OsStr> = cmd.iter().map(os).collect();
+            args.push(file.as_os_str());
+            run(&args)
+        };
+        let (out, err) = text(&hostile);
+        assert_terminal_safe(&format!("{cmd:?} text"), &out);
+        assert_terminal_safe(&format!("{cmd:?} stderr"), &err);
+        assert_no_forged_lines(&format!("{cmd:?} text"), &out);
+        let md = |file: &Path| {
+            let mut args: Vec<&std::ffi::OsStr> = cmd.iter().map(os).collect();
+            args.extend([os("--format"), os("markdown"), file.as_os_str()]);
+            run(&args).0
+        };
+        assert_markdown_safe(&format!("{cmd:?} markdown"), &md(&hostile), &md(&benign));
+    }
+    // The chain does name the hostile sites (escaped), so the test reads what it means to.
+    let (out, _) = run(&[os("replay"), hostile.as_os_str()]);
+    assert!(out.contains("held open mostly by"), "{out}");
+}
