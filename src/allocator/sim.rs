@@ -644,20 +644,12 @@ impl Run<'_> {
                     if model_grows && first_malloc && p.size == want {
                         self.sim.mallocs.predicted += 1;
                     } else if model_grows && first_malloc {
-                        self.diverge(|_| Divergence {
-                            event: *j,
-                            kind: "segment_size",
-                            requested: rounded,
-                            rounded,
-                            stream: p.stream,
-                            model: None,
-                            real: Some(p.addr),
-                            rule: Rule::NewSegment,
-                            detail: format!(
+                        self.size_divergence(*j, rounded, p, Rule::NewSegment, || {
+                            format!(
                                 "the model's new segment for {rounded} bytes is {want} bytes; the \
                                  real one is {} bytes",
                                 p.size
-                            ),
+                            )
                         });
                     }
                     first_malloc = false;
@@ -672,20 +664,12 @@ impl Run<'_> {
                         if p.size <= need.max(page) || p.size == *want {
                             self.sim.maps.predicted += 1;
                         } else {
-                            self.diverge(|_| Divergence {
-                                event: *j,
-                                kind: "segment_size",
-                                requested: rounded,
-                                rounded,
-                                stream: p.stream,
-                                model: None,
-                                real: Some(p.addr),
-                                rule: Rule::ExpandableMap,
-                                detail: format!(
+                            self.size_divergence(*j, rounded, p, Rule::ExpandableMap, || {
+                                format!(
                                     "the model maps {need} bytes for {rounded} bytes; the real \
                                      allocator mapped {} bytes",
                                     p.size
-                                ),
+                                )
                             });
                         }
                         *want = want.saturating_sub(p.size);
@@ -695,6 +679,28 @@ impl Run<'_> {
             }
         }
         self.pending = pending;
+    }
+
+    /// A new segment (or mapped range) of another size than the model's.
+    fn size_divergence(
+        &mut self,
+        event: u32,
+        rounded: u64,
+        p: &TraceEntry,
+        rule: Rule,
+        detail: impl FnOnce() -> String,
+    ) {
+        self.diverge(|_| Divergence {
+            event,
+            kind: "segment_size",
+            requested: rounded,
+            rounded,
+            stream: p.stream,
+            model: None,
+            real: Some(p.addr),
+            rule,
+            detail: detail(),
+        });
     }
 
     /// Free bytes at the end of the expandable range that ends at `addr`.
