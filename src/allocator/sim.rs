@@ -190,6 +190,7 @@ struct Run<'a> {
     stream_pool: FxHashMap<u64, (i64, i64)>,
 }
 
+/// The model replayed over the whole trace of `device`, from the state at its window start.
 pub fn simulate(
     snapshot: &Snapshot,
     device: i64,
@@ -918,8 +919,7 @@ impl Run<'_> {
         let key_id = self.state.key_id(key);
         let fit = self.state.find_fit(key_id, rounded, settings);
         let reproduced = !matches!(fit, Fit::Block(_));
-        if !reproduced {
-            let Fit::Block(b) = fit else { unreachable!() };
+        if let Fit::Block(b) = fit {
             let at = self.state.blocks[b as usize].addr;
             self.diverge(|_| Divergence {
                 event: i,
