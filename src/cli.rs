@@ -579,7 +579,13 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 all_devices,
             };
             let pictures = match &svg {
-                Some(dir) => write_pictures(&loaded, dir, device, output.as_deref())?,
+                Some(dir) => write_pictures(
+                    &loaded,
+                    dir,
+                    device,
+                    output.as_deref(),
+                    &Inputs::new(files.clone()),
+                )?,
                 None => Vec::new(),
             };
             let mut bytes = match format {
@@ -787,6 +793,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             };
             analysis::whatif::validate(&request).map_err(|e| anyhow::anyhow!(e))?;
             let loaded = load_all(&files)?;
+            let inputs = Inputs::new(files);
             let files = loaded
                 .par_iter()
                 .map(|l| analysis::whatif::whatif_file(&l.name, &l.snapshot, device, &request))
@@ -796,7 +803,6 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 files,
             };
             if let Some(path) = &svg {
-                let inputs: Vec<PathBuf> = loaded.iter().map(|l| PathBuf::from(&l.name)).collect();
                 write_output(path, &crate::render::svg_whatif::picture(&out), &inputs)?;
             }
             if !full {
@@ -1031,9 +1037,9 @@ fn write_pictures(
     dir: &std::path::Path,
     device: Option<i64>,
     report_path: Option<&std::path::Path>,
+    inputs: &Inputs,
 ) -> Result<Vec<crate::render::report_text::PictureLinks>, anyhow::Error> {
     use crate::render::{svg, svg_segments, svg_timeline};
-    let inputs: Vec<PathBuf> = loaded.iter().map(|l| PathBuf::from(&l.name)).collect();
     std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     let names: Vec<String> = loaded.iter().map(|l| l.name.clone()).collect();
     let stems = svg::picture_stems(&names);
@@ -1085,7 +1091,7 @@ fn write_pictures(
         let link = |kind: &str, bytes: &[u8]| -> Result<String, anyhow::Error> {
             let file = format!("{kind}{suffix}.svg");
             let path = dir.join(&file);
-            write_output(&path, bytes, &inputs)?;
+            write_output(&path, bytes, inputs)?;
             Ok(prefix.join(&file).to_string_lossy().replace('\\', "/"))
         };
         links.push(crate::render::report_text::PictureLinks {
@@ -1266,54 +1272,71 @@ pub fn main() -> ExitCode {
     code
 }
 
-/// The files a command reads (as given: patterns and folders expanded where they can be).
-fn command_inputs(command: &Command) -> Vec<PathBuf> {
-    let given: Vec<PathBuf> = match command {
-        Command::Report { files, .. }
-        | Command::View { files, .. }
-        | Command::Stats { files, .. }
-        | Command::Check { files, .. }
-        | Command::Replay { files, .. }
-        | Command::Whatif { files, .. } => files.clone(),
-        Command::Timeline { file, .. } | Command::Segments { file, .. } => vec![file.clone()],
-        Command::Explain { log, .. } => vec![log.clone()],
-        Command::Diff { base, new, .. } => vec![base.clone(), new.clone()],
-        Command::Merge { reports, .. } => reports.clone(),
-        Command::Completions { .. } => Vec::new(),
-    };
-    let mut out = crate::input::expand_inputs(&given).unwrap_or_default();
-    out.extend(given);
-    out
+/// The files a command reads, identified (device and inode) once, when an output first needs
+/// it: only an output path that already exists can be one of them, so most commands never
+/// expand or stat their inputs a second time.
+pub struct Inputs {
+    given: Vec<PathBuf>,
+    ids: std::sync::OnceLock<rustc_hash::FxHashMap<(u64, u64), PathBuf>>,
+}
+
+impl Inputs {
+    pub fn new(given: Vec<PathBuf>) -> Inputs {
+        Inputs {
+            given,
+            ids: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn of(command: &Command) -> Inputs {
+        Inputs::new(match command {
+            Command::Report { files, .. }
+            | Command::View { files, .. }
+            | Command::Stats { files, .. }
+            | Command::Check { files, .. }
+            | Command::Replay { files, .. }
+            | Command::Whatif { files, .. } => files.clone(),
+            Command::Timeline { file, .. } | Command::Segments { file, .. } => vec![file.clone()],
+            Command::Explain { log, .. } => vec![log.clone()],
+            Command::Diff { base, new, .. } => vec![base.clone(), new.clone()],
+            Command::Merge { reports, .. } => reports.clone(),
+            Command::Completions { .. } => Vec::new(),
+        })
+    }
+
+    /// The input that is the file `target` describes, if any (patterns and folders expanded).
+    fn holding(&self, target: &std::fs::Metadata) -> Option<&PathBuf> {
+        let ids = self.ids.get_or_init(|| {
+            let mut paths = crate::input::expand_inputs(&self.given).unwrap_or_default();
+            paths.extend(self.given.iter().cloned());
+            paths
+                .into_iter()
+                .filter(|p| p.as_os_str() != "-")
+                .filter_map(|p| std::fs::metadata(&p).ok().map(|m| (file_id(&m), p)))
+                .collect()
+        });
+        ids.get(&file_id(target))
+    }
 }
 
 /// Writes `bytes` to `path` as a new file: written to a temporary file in the same folder and
 /// renamed over `path`, so that a symlink there is replaced, not followed, and nobody reads
 /// half a file. A path that is one of the command's inputs is refused: the output would
 /// replace the snapshot it was made from.
-pub fn write_output(
-    path: &std::path::Path,
-    bytes: &[u8],
-    inputs: &[PathBuf],
-) -> anyhow::Result<()> {
-    if let Ok(target) = std::fs::metadata(path) {
-        for input in inputs {
-            if input.as_os_str() == "-" {
-                continue;
-            }
-            if std::fs::metadata(input).is_ok_and(|m| same_file(&m, &target)) {
-                anyhow::bail!(
-                    "{}: this is an input of the command ({}); the output would replace it, so \
-                     it is not written: name another file",
-                    crate::render::safe::term(&path.display().to_string()),
-                    crate::render::safe::term(&input.display().to_string())
-                );
-            }
-        }
+pub fn write_output(path: &std::path::Path, bytes: &[u8], inputs: &Inputs) -> anyhow::Result<()> {
+    let existing = std::fs::metadata(path).ok();
+    if let Some(input) = existing.as_ref().and_then(|t| inputs.holding(t)) {
+        anyhow::bail!(
+            "{}: this is an input of the command ({}); the output would replace it, so it is \
+             not written: name another file",
+            crate::render::safe::term(&path.display().to_string()),
+            crate::render::safe::term(&input.display().to_string())
+        );
     }
     let shown = || crate::render::safe::term(&path.display().to_string()).into_owned();
     // A device, pipe or terminal (`-o /dev/null`, `/dev/stdout`, a FIFO) is a stream to write
     // into, not a file to replace: renaming over it would put a plain file in its place.
-    if let Ok(meta) = std::fs::metadata(path) {
+    if let Some(meta) = &existing {
         if !meta.is_file() && !meta.is_dir() {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
@@ -1354,19 +1377,25 @@ pub fn write_output(
     })
 }
 
+/// What identifies a file whatever the path to it.
 #[cfg(unix)]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
-    a.dev() == b.dev() && a.ino() == b.ino()
+    (m.dev(), m.ino())
 }
 
 #[cfg(not(unix))]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    a.len() == b.len() && a.modified().ok() == b.modified().ok()
+fn file_id(m: &std::fs::Metadata) -> (u64, u64) {
+    let modified = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos() as u64);
+    (m.len(), modified)
 }
 
 fn run_and_write(cli: Cli) -> ExitCode {
-    let inputs = command_inputs(&cli.command);
+    let inputs = Inputs::of(&cli.command);
     match run(cli) {
         Ok(outcome) => {
             let written = match &outcome.target {
