@@ -24,7 +24,12 @@ pub fn round_size(n: u64, settings: &Settings) -> u64 {
     if divisions > 1 && n > MIN_BLOCK.saturating_mul(divisions) {
         return roundup_power2_next_division(n, divisions);
     }
-    n.div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK)
+    round_to_blocks(n)
+}
+
+/// `round_size` without power-of-two divisions (the default): a multiple of 512, at least 512.
+pub fn round_to_blocks(n: u64) -> u64 {
+    n.div_ceil(MIN_BLOCK).max(1).saturating_mul(MIN_BLOCK)
 }
 
 /// `roundup_power2_next_division`: `n` rounded up to the next of `divisions` equal steps

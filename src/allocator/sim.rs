@@ -361,12 +361,7 @@ impl Run<'_> {
     fn alloc(&mut self, i: u32, e: &TraceEntry, opts: &Options, snapshot: &Snapshot) {
         let settings = self.settings;
         let rounded = rules::round_size(e.size, settings);
-        if rounded
-            != e.size
-                .div_ceil(rules::MIN_BLOCK)
-                .max(1)
-                .saturating_mul(rules::MIN_BLOCK)
-        {
+        if rounded != rules::round_to_blocks(e.size) {
             self.used(Rule::RoundupPower2);
         }
         let small = rules::is_small(rounded);

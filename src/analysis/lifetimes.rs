@@ -1180,11 +1180,7 @@ fn rounded(d: i64) -> i64 {
 
 /// PyTorch's default request rounding (`round_size` without power-of-two divisions).
 pub fn round_size(requested: u64) -> u64 {
-    if requested < 512 {
-        512
-    } else {
-        requested.div_ceil(512).saturating_mul(512)
-    }
+    crate::allocator::rules::round_to_blocks(requested)
 }
 
 pub fn replay_device(snapshot: &Snapshot, device: i64) -> DeviceReplay {
