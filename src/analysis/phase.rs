@@ -99,8 +99,9 @@ impl PerStack {
 #[derive(Clone, Debug, Default)]
 pub struct PerFrame(OnceBytes);
 
-/// In a [`PerFrame`] cache: a `no_grad` context (phases are stored by index).
+/// In a [`PerFrame`] cache: a `no_grad` context, a training loop (phases are stored by index).
 const FRAME_NO_GRAD: u8 = u8::MAX - 2;
+const FRAME_TRAIN: u8 = u8::MAX - 3;
 
 impl PerFrame {
     pub fn new(interner: &Interner) -> PerFrame {
@@ -119,12 +120,14 @@ impl PerFrame {
             match frame_mark(interner.get_text(f.name), &file) {
                 None => STACK_NO_PHASE,
                 Some(Mark::NoGrad) => FRAME_NO_GRAD,
+                Some(Mark::Train) => FRAME_TRAIN,
                 Some(Mark::Is(p)) => p as u8,
             }
         });
         match code {
             STACK_NO_PHASE => None,
             FRAME_NO_GRAD => Some(Mark::NoGrad),
+            FRAME_TRAIN => Some(Mark::Train),
             k => Some(Mark::Is(Phase::ALL[k as usize])),
         }
     }
@@ -297,6 +300,11 @@ pub struct Phases {
     /// Inference only: eval evidence and neither backward frames nor an optimizer anywhere in
     /// the trace, so a forward is evaluation.
     pub inference: bool,
+    /// No backward, optimizer or training loop, and no evaluation frame anywhere: a forward
+    /// could be training or evaluation, and nothing says which.
+    pub forward_unclear: bool,
+    /// A backward (by frames, metadata or position) somewhere in the window.
+    pub backward_in_window: bool,
 }
 
 impl Phases {
@@ -356,8 +364,13 @@ enum Mark {
     /// The frame is code of that phase.
     Is(Phase),
     /// Only a context: `no_grad`/`inference_mode` decorators turn a forward under them into
-    /// evaluation, but say nothing alone.
+    /// evaluation, but say nothing alone. (`decorate_context` is also what `enable_grad`
+    /// shows: a training loop inside it wins.)
     NoGrad,
+    /// A training step or loop (`training_step`, Lightning's fit loop, HF's
+    /// `_inner_training_loop`): the forward under it is a training forward, whatever
+    /// `no_grad`-like frame lies further out.
+    Train,
 }
 
 /// The phase a frame stands for, by its function and file names.
@@ -427,6 +440,35 @@ fn frame_mark(name: &str, file: &str) -> Option<Mark> {
     if optimizer {
         return Some(Mark::Is(Phase::Optimizer));
     }
+    // A training step or loop: a context like evaluation, checked first because Lightning runs
+    // its validation inside the fit loop (an evaluation frame inside wins, see
+    // `phase_of_frames`).
+    let train = matches!(
+        name,
+        "training_step"
+            | "_training_step"
+            | "train_step"
+            | "training_step_and_backward"
+            | "train_one_epoch"
+            | "train_epoch"
+            | "_train_epoch"
+            | "run_training_epoch"
+            | "run_training_batch"
+            | "_inner_training_loop"
+            | "train_batch"
+            | "training_loop"
+            | "train_loop"
+    ) || file.contains("lightning/pytorch/loops/fit_loop.py")
+        || file.contains("lightning/pytorch/loops/training_epoch_loop.py")
+        || file.contains("lightning/pytorch/loops/optimization/")
+        || file.contains("pytorch_lightning/loops/fit_loop.py")
+        || file.contains("pytorch_lightning/loops/epoch/training_epoch_loop.py")
+        || file.contains("pytorch_lightning/loops/optimization/")
+        || (name == "fit" && file.contains("lightning"))
+        || (name == "train" && file.contains("transformers/trainer.py"));
+    if train {
+        return Some(Mark::Train);
+    }
     // Evaluation: generation (KV caches exist for it), validation and prediction loops,
     // inference servers' model execution.
     let eval = matches!(
@@ -467,7 +509,6 @@ fn frame_mark(name: &str, file: &str) -> Option<Mark> {
             | "_wrapped_call_impl"
             | "prefill"
             | "decode_step"
-            | "training_step"
             | "compute_loss"
             | "forward_step"
             | "_pre_forward"
@@ -490,13 +531,33 @@ pub fn phase_from_frames(interner: &Interner, stack: StackId) -> Option<Phase> {
 
 /// [`phase_from_frames`] with the frames' marks cached in `marks`.
 fn phase_of_frames(interner: &Interner, marks: &PerFrame, stack: StackId) -> Option<Phase> {
-    let frames = interner.get_stack(stack);
+    let (phase, context) = read_frames(interner, marks, stack);
+    match (phase, context) {
+        (Some(Phase::Forward), Some(Context::Eval)) => Some(Phase::Eval),
+        (p, _) => p,
+    }
+}
+
+/// What made a forward a training or an evaluation forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Context {
+    Train,
+    Eval,
+}
+
+/// The phase of the innermost frame that stands for one (refined by the frames outside it, as
+/// [`phase_from_frames`] says), and the context of a forward: the innermost training-loop,
+/// evaluation or `no_grad` frame outside it. The innermost context wins: Lightning validates
+/// inside its fit loop (evaluation inside training), and runs `training_step` inside a closure
+/// decorated with `@torch.enable_grad()`, whose `decorate_context` frame reads like `no_grad`.
+fn read_frames(
+    interner: &Interner,
+    marks: &PerFrame,
+    stack: StackId,
+) -> (Option<Phase>, Option<Context>) {
     let mut phase: Option<Phase> = None;
-    // A context that would turn the forward into evaluation, kept only if no module forward
-    // runs outside it: `@torch.no_grad()` on a rotary embedding inside a training forward is
-    // not evaluation.
-    let mut eval_context = false;
-    for &id in frames {
+    let mut context: Option<Context> = None;
+    for &id in interner.get_stack(stack) {
         let Some(mark) = marks.mark(interner, id) else {
             continue;
         };
@@ -504,18 +565,30 @@ fn phase_of_frames(interner: &Interner, marks: &PerFrame, stack: StackId) -> Opt
             // Generation and validation code are contexts too: a `sample()` inside a training
             // forward is not evaluation.
             (None, Mark::Is(Phase::Eval)) => {
-                eval_context = true;
+                context = Some(Context::Eval);
+                Some(Phase::Forward)
+            }
+            (None, Mark::Train) => {
+                context = Some(Context::Train);
                 Some(Phase::Forward)
             }
             (None, Mark::Is(p)) => Some(p),
             (None, Mark::NoGrad) => None,
             (Some(Phase::Forward), Mark::Is(p @ (Phase::Backward | Phase::Load))) => Some(p),
             (Some(Phase::Forward), Mark::Is(Phase::Eval) | Mark::NoGrad) => {
-                eval_context = true;
+                context = context.or(Some(Context::Eval));
                 Some(Phase::Forward)
             }
+            (Some(Phase::Forward), Mark::Train) => {
+                context = context.or(Some(Context::Train));
+                Some(Phase::Forward)
+            }
+            // A module forward outside a context: the context was local to it
+            // (`@torch.no_grad()` on a rotary embedding inside a training forward).
             (Some(Phase::Forward), Mark::Is(Phase::Forward)) => {
-                eval_context = false;
+                if context == Some(Context::Eval) {
+                    context = None;
+                }
                 Some(Phase::Forward)
             }
             // Everything under loading is loading: optimizer and gradient buffers built in
@@ -524,10 +597,93 @@ fn phase_of_frames(interner: &Interner, marks: &PerFrame, stack: StackId) -> Opt
             (p, _) => p,
         };
     }
-    if eval_context && phase == Some(Phase::Forward) {
-        return Some(Phase::Eval);
+    (phase, context)
+}
+
+/// The frames a stack's phase rests on: the innermost frame that stands for a phase, the
+/// training or evaluation frame outside it, and the training loop it ran in. Empty when no
+/// frame decides.
+pub fn frames_deciding(
+    interner: &Interner,
+    marks: &PerFrame,
+    stack: StackId,
+) -> Vec<crate::report::PhaseFrame> {
+    let frames = interner.get_stack(stack);
+    let mut decided: Option<usize> = None;
+    let mut context: Option<usize> = None;
+    let mut loop_frame: Option<usize> = None;
+    for (i, &id) in frames.iter().enumerate() {
+        let Some(mark) = marks.mark(interner, id) else {
+            continue;
+        };
+        match mark {
+            Mark::Is(_) if decided.is_none() => decided = Some(i),
+            Mark::Train | Mark::NoGrad | Mark::Is(Phase::Eval) if context.is_none() => {
+                context = Some(i);
+                decided.get_or_insert(i);
+            }
+            _ => {}
+        }
+        // The outermost frame of a training loop names where the step ran.
+        if mark == Mark::Train {
+            let f = interner.get_frame(id);
+            if interner.get_text(f.filename).contains("loop") {
+                loop_frame = Some(i);
+            }
+        }
     }
-    phase
+    let Some(d) = decided else {
+        return Vec::new();
+    };
+    let frame = |role: &str, i: usize| {
+        let f = interner.get_frame(frames[i]);
+        crate::report::PhaseFrame {
+            role: role.to_owned(),
+            function: interner.get_text(f.name).to_owned(),
+            file: short_path(interner.get_text(f.filename)),
+            line: f.line,
+        }
+    };
+    let mut out = vec![frame("phase", d)];
+    if let Some(c) = context.filter(|&c| c != d) {
+        out.push(frame("context", c));
+    }
+    if let Some(l) = loop_frame.filter(|&l| l != d && Some(l) != context) {
+        out.push(frame("loop", l));
+    }
+    out
+}
+
+/// Deciding frames in words: "`training_step` (model.py:120) in
+/// `lightning/pytorch/loops/fit_loop.py`".
+pub fn describe_frames(frames: &[crate::report::PhaseFrame]) -> String {
+    let mut out = String::new();
+    for f in frames {
+        let at = if f.line > 0 {
+            format!("{}:{}", f.file, f.line)
+        } else {
+            f.file.clone()
+        };
+        match f.role.as_str() {
+            "loop" => out.push_str(&format!(" in `{}`", f.file)),
+            "context" => out.push_str(&format!(" under `{}` ({at})", f.function)),
+            _ => out.push_str(&format!("`{}` ({at})", f.function)),
+        }
+    }
+    out
+}
+
+/// A source path without its environment: from the package folder on
+/// (`lightning/pytorch/loops/fit_loop.py`), else the last two components.
+pub fn short_path(file: &str) -> String {
+    let file = file.replace('\\', "/");
+    for marker in ["site-packages/", "dist-packages/"] {
+        if let Some(i) = file.rfind(marker) {
+            return file[i + marker.len()..].to_owned();
+        }
+    }
+    let parts: Vec<&str> = file.rsplit('/').take(2).collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
 /// Is the innermost frame of the stack that stands for a phase the optimizer's, with loading
@@ -731,12 +887,34 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             .iter()
             .any(|(p, s)| p == phase && sources.contains(&s))
     };
-    let inference = seen(Phase::Eval, &[Source::Frames, Source::UserMetadata])
+    // A training loop or an optimizer anywhere in the run's frames (Lightning's sanity check
+    // validates before the first training forward, which may run out of memory before any
+    // backward): not inference.
+    let training_frames = (0..interner.frame_count()).any(|i| {
+        matches!(
+            frame_marks.mark(interner, FrameId(i as u32)),
+            Some(Mark::Train | Mark::Is(Phase::Optimizer))
+        )
+    });
+    let backward_seen = seen(
+        Phase::Backward,
+        &[Source::Frames, Source::UserMetadata, Source::Position],
+    );
+    let optimizer_seen = seen(
+        Phase::Optimizer,
+        &[Source::Frames, Source::UserMetadata, Source::Annotation],
+    );
+    let eval_seen = seen(Phase::Eval, &[Source::Frames, Source::UserMetadata]);
+    let inference = eval_seen
         && !seen(Phase::Backward, &[Source::Frames, Source::UserMetadata])
-        && !seen(
-            Phase::Optimizer,
-            &[Source::Frames, Source::UserMetadata, Source::Annotation],
-        );
+        && !optimizer_seen
+        && !training_frames;
+    // Neither side: no backward, optimizer or training loop, and no evaluation either.
+    let forward_unclear = !inference
+        && !backward_seen
+        && !optimizer_seen
+        && !training_frames
+        && !eval_seen;
     if inference {
         for b in per_event.0.iter_mut() {
             match (phase_of_byte(*b), source_of_byte(*b)) {
@@ -833,6 +1011,8 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         frame_marks,
         step_ends,
         inference,
+        forward_unclear,
+        backward_in_window: backward_seen,
     };
     phases.build_intervals(trace);
     phases

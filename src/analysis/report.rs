@@ -11,7 +11,7 @@ use super::callsite::{call_site, stack_lines, CallSites};
 use super::category::{Categorizer, Category, Claim, Confidence};
 use super::layout::{for_each_layout, Detail, Moment, SegmentLayout};
 use super::lifetimes::{replay_device, Allocation, DeviceReplay, Origin};
-use super::phase::{find_phases, Phase, Phases, Source};
+use super::phase::{describe_frames, find_phases, frames_deciding, Phase, Phases, Source};
 use super::stats::final_state;
 use crate::report::*;
 use crate::snapshot::{LoadedSnapshot, PoolKind, Snapshot, StackId};
@@ -83,33 +83,108 @@ fn confidence_name(c: Confidence) -> &'static str {
     }
 }
 
-/// The phase claimed for an event, how sure it is, and what it rests on.
-fn phase_claim(phases: &Phases, event: Option<u32>) -> (Phase, &'static str, String) {
-    let phase = phases.at(event);
-    let (confidence, evidence) = match (phase, phases.source_at(event)) {
-        (Phase::Unknown, _) | (_, Source::None) => (
-            "low",
-            phases
-                .unknown_reason
-                .clone()
-                .unwrap_or_else(|| "no frame, annotation or metadata near the event points to a phase".to_owned()),
-        ),
-        (_, Source::Frames) => ("high", "the stack frames of the allocations at and around the event".to_owned()),
-        (_, Source::Annotation) => ("high", "the optimizer's record_function range around the event".to_owned()),
-        (_, Source::UserMetadata) => ("high", "the trace entries' user metadata".to_owned()),
-        (_, Source::Position) => (
-            "medium",
-            "position: frameless allocations in a run that records Python stacks come from autograd's backward thread".to_owned(),
-        ),
-        (_, Source::StepPosition) => (
-            "low",
-            "position only: the event lies between the optimizer's annotated ranges, on the rising (forward) or falling (backward) side of its step's memory; nothing in the trace names the phase".to_owned(),
-        ),
-    };
-    if phase == Phase::Unknown {
-        return (Phase::Unknown, "low", evidence);
+/// The phase claimed for an event: how sure it is, what it rests on in words, the frames that
+/// decided it, and a note (`training or eval: unclear`, `no backward yet`).
+struct PhaseClaim {
+    phase: Phase,
+    confidence: &'static str,
+    evidence: String,
+    frames: Vec<PhaseFrame>,
+    note: Option<&'static str>,
+}
+
+impl PhaseClaim {
+    fn plain(phase: Phase, confidence: &'static str, evidence: String) -> PhaseClaim {
+        PhaseClaim {
+            phase,
+            confidence,
+            evidence,
+            frames: Vec::new(),
+            note: None,
+        }
     }
-    (phase, confidence, evidence)
+}
+
+fn phase_claim(
+    snapshot: &Snapshot,
+    trace: &crate::snapshot::Trace,
+    phases: &Phases,
+    event: Option<u32>,
+) -> PhaseClaim {
+    let phase = phases.at(event);
+    let plain = |c, e: &str| PhaseClaim::plain(phase, c, e.to_owned());
+    match (phase, phases.source_at(event)) {
+        (Phase::Unknown, _) | (_, Source::None) => PhaseClaim::plain(
+            Phase::Unknown,
+            "low",
+            phases.unknown_reason.clone().unwrap_or_else(|| {
+                "no frame, annotation or metadata near the event points to a phase".to_owned()
+            }),
+        ),
+        (_, Source::Frames) => {
+            let frames = frames_evidence(snapshot, trace, phases, event);
+            let mut words = if frames.is_empty() {
+                "the stack frames of the allocations at and around the event".to_owned()
+            } else {
+                describe_frames(&frames)
+            };
+            let (confidence, note) = if phase == Phase::Forward && phases.forward_unclear {
+                words.push_str(UNCLEAR_WHY);
+                ("medium", Some(FORWARD_UNCLEAR))
+            } else if phase == Phase::Forward && !phases.backward_in_window {
+                words.push_str(", no backward yet");
+                ("high", Some(NO_BACKWARD_YET))
+            } else {
+                ("high", None)
+            };
+            PhaseClaim {
+                phase,
+                confidence,
+                evidence: words,
+                frames,
+                note,
+            }
+        }
+        (_, Source::Annotation) => plain("high", "the optimizer's record_function range around the event"),
+        (_, Source::UserMetadata) => plain("high", "the trace entries' user metadata"),
+        (_, Source::Position) => plain(
+            "medium",
+            "position: frameless allocations in a run that records Python stacks come from autograd's backward thread",
+        ),
+        (_, Source::StepPosition) => plain(
+            "low",
+            "position only: the event lies between the optimizer's annotated ranges, on the rising (forward) or falling (backward) side of its step's memory; nothing in the trace names the phase",
+        ),
+    }
+}
+
+/// The note of a forward that nothing tells apart as training or evaluation, and why.
+pub const FORWARD_UNCLEAR: &str = "training or eval: unclear";
+pub const UNCLEAR_WHY: &str = "; no backward, optimizer or training loop in the window, and no \
+    evaluation, generation or no_grad frame";
+/// The note of a training forward before any backward in the window.
+pub const NO_BACKWARD_YET: &str = "no backward yet";
+
+/// The frames that decided the phase at `event`: of the event's own stack, or of the latest
+/// allocation before it whose frames decided one (frees and segment events take the phase
+/// around them). Looks back a bounded number of events.
+fn frames_evidence(
+    snapshot: &Snapshot,
+    trace: &crate::snapshot::Trace,
+    phases: &Phases,
+    event: Option<u32>,
+) -> Vec<PhaseFrame> {
+    const LOOK_BACK: usize = 10_000;
+    let (Some(e), Some(last)) = (event, trace.len().checked_sub(1)) else {
+        return Vec::new();
+    };
+    let e = (e as usize).min(last);
+    (e.saturating_sub(LOOK_BACK)..=e)
+        .rev()
+        .filter(|&i| phases.per_event.source(i) == Source::Frames)
+        .map(|i| frames_deciding(&snapshot.interner, &phases.frame_marks, trace.at(i).frames))
+        .find(|f| !f.is_empty())
+        .unwrap_or_default()
 }
 
 /// The phase of a peak that is the state at window start (or of a dump without a trace): the
@@ -525,7 +600,7 @@ fn oom_report(
     };
     let live_total = replay.requested.at(Some(event));
     let (segments, segments_omitted) = listed.finish();
-    let oom_phase = phase_claim(phases, Some(event));
+    let oom_phase = phase_claim(snapshot, snapshot.trace(replay.device), phases, Some(event));
     Oom {
         event_index: event,
         time_us: entry.time_us,
@@ -538,9 +613,11 @@ fn oom_report(
         segment_type: kind_name(wanted_kind).to_owned(),
         stream: entry.stream,
         verdict: verdict.to_owned(),
-        phase: oom_phase.0.name().to_owned(),
-        phase_confidence: oom_phase.1.to_owned(),
-        phase_evidence: oom_phase.2,
+        phase: oom_phase.phase.name().to_owned(),
+        phase_confidence: oom_phase.confidence.to_owned(),
+        phase_evidence: oom_phase.evidence,
+        phase_frames: oom_phase.frames,
+        phase_note: oom_phase.note.map(str::to_owned),
         call_site: call_site(&snapshot.interner, entry.frames),
         live_by_call_site: by_call_site(
             snapshot,
@@ -1069,9 +1146,10 @@ fn device_report_with(
         .map(|(c, (_, e))| (c.name().to_owned(), e.to_owned()))
         .collect();
     let peak_phase = if peak_event.is_none() {
-        state_phase(snapshot, &phases, &live)
+        let (p, c, e) = state_phase(snapshot, &phases, &live);
+        PhaseClaim::plain(p, c, e)
     } else {
-        phase_claim(&phases, peak_event)
+        phase_claim(snapshot, snapshot.trace(device), &phases, peak_event)
     };
     if let Some(reason) = &phases.unknown_reason {
         notes.push(format!("phases unknown: {reason}"));
@@ -1105,10 +1183,12 @@ fn device_report_with(
             reserved_bytes: replay.reserved.at(peak_event),
             event_index: peak_event,
             time_us: time_at(peak_event),
-            phase: peak_phase.0.name().to_owned(),
+            phase: peak_phase.phase.name().to_owned(),
             step: phases.step_at(peak_event),
-            phase_confidence: peak_phase.1.to_owned(),
-            phase_evidence: peak_phase.2,
+            phase_confidence: peak_phase.confidence.to_owned(),
+            phase_evidence: peak_phase.evidence,
+            phase_frames: peak_phase.frames,
+            phase_note: peak_phase.note.map(str::to_owned),
         },
         peak_allocated: LevelPeak {
             bytes: peak_allocated,

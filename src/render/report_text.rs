@@ -207,7 +207,33 @@ fn allocation_table(title: String, allocations: &[LiveAllocation], view: &View) 
 /// "in the backward pass (step 3)", with the confidence when it is not high; "in step 3 (phase
 /// unknown)" or "" when the phase is unknown. A low-confidence phase is not stated as the
 /// phase: "in step 3 (phase unknown; by its position perhaps the forward pass, low confidence)".
-fn in_phase(phase: &str, step: Option<u32>, confidence: &str) -> String {
+/// The frames a phase rests on, each name marked untrusted: "`training_step` (model.py:120)
+/// in `lightning/pytorch/loops/fit_loop.py`".
+fn phase_frames_text(frames: &[crate::report::PhaseFrame]) -> String {
+    let mut out = String::new();
+    for f in frames {
+        let at = if f.line > 0 {
+            format!("{}:{}", f.file, f.line)
+        } else {
+            f.file.clone()
+        };
+        match f.role.as_str() {
+            "loop" => {
+                let _ = write!(out, " in {}", safe::name(&f.file));
+            }
+            "context" => {
+                let _ = write!(out, " under {} ({})", safe::name(&f.function), safe::name(&at));
+            }
+            _ => {
+                let _ = write!(out, "{} ({})", safe::name(&f.function), safe::name(&at));
+            }
+        }
+    }
+    out
+}
+
+fn in_phase(phase: &str, step: Option<u32>, confidence: &str, note: Option<&str>) -> String {
+    let unclear = phase == "forward" && note == Some(crate::analysis::report::FORWARD_UNCLEAR);
     let what = match phase {
         "load" => "while loading the model",
         "forward" => "in the forward pass",
@@ -234,6 +260,9 @@ fn in_phase(phase: &str, step: Option<u32>, confidence: &str) -> String {
     if confidence != "high" && !confidence.is_empty() {
         notes.push(format!("{confidence} confidence"));
     }
+    if unclear {
+        notes.insert(0, crate::analysis::report::FORWARD_UNCLEAR.to_owned());
+    }
     if notes.is_empty() {
         format!(" {what}")
     } else {
@@ -249,7 +278,7 @@ fn oom_verdict(dev: &DeviceReport, o: &Oom) -> String {
         .and_then(|iv| iv.step);
     let mut s = format!(
         "OUT OF MEMORY{} {}: a {} request ({} pool, stream {}) failed",
-        in_phase(&o.phase, step, &o.phase_confidence),
+        in_phase(&o.phase, step, &o.phase_confidence, o.phase_note.as_deref()),
         when(dev, Some(o.event_index), o.time_us),
         format_bytes(o.requested_bytes),
         o.segment_type,
@@ -406,7 +435,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "{none} Peak {} requested by tensors ({} in allocator blocks){} {}; {} reserved at that moment.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
-            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
+            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence, dev.peak.phase_note.as_deref()),
             when(dev, dev.peak.event_index, dev.peak.time_us),
             bytes(dev.peak.reserved_bytes),
         );
@@ -433,18 +462,26 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "Peak before that: {} requested ({} in blocks){} {}.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
-            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence),
+            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence, dev.peak.phase_note.as_deref()),
             when(dev, dev.peak.event_index, dev.peak.time_us)
         )));
     }
 
     // How the phase of the headline was found.
-    let (phase, confidence, evidence) = match dev.oom.first() {
-        Some(o) => (&o.phase, &o.phase_confidence, &o.phase_evidence),
+    let (phase, confidence, evidence, frames, note) = match dev.oom.first() {
+        Some(o) => (
+            &o.phase,
+            &o.phase_confidence,
+            &o.phase_evidence,
+            &o.phase_frames,
+            &o.phase_note,
+        ),
         None => (
             &dev.peak.phase,
             &dev.peak.phase_confidence,
             &dev.peak.phase_evidence,
+            &dev.peak.phase_frames,
+            &dev.peak.phase_note,
         ),
     };
     if phase == "unknown" && !evidence.is_empty() {
@@ -452,6 +489,22 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     } else if confidence == "low" && !evidence.is_empty() {
         out.push(Block::Para(format!(
             "Phase not decided: perhaps {phase} (low confidence), from {evidence}."
+        )));
+    } else if !frames.is_empty() {
+        let unclear = note.as_deref() == Some(crate::analysis::report::FORWARD_UNCLEAR);
+        let how = if unclear {
+            format!("{} — {confidence} confidence", crate::analysis::report::FORWARD_UNCLEAR)
+        } else {
+            format!("{confidence} confidence")
+        };
+        let tail = match note.as_deref() {
+            Some(crate::analysis::report::FORWARD_UNCLEAR) => crate::analysis::report::UNCLEAR_WHY.to_owned(),
+            Some(n) => format!(", {n}"),
+            None => String::new(),
+        };
+        out.push(Block::Para(format!(
+            "Phase: {phase} ({how}), from {}{tail}.",
+            phase_frames_text(frames)
         )));
     } else if !evidence.is_empty() {
         out.push(Block::Para(format!(
@@ -877,7 +930,7 @@ fn oom_brief(h: &OomHeadline) -> String {
     let mut s = format!(
         "{} request{}",
         format_bytes(h.requested_bytes),
-        in_phase(&h.phase, None, "")
+        in_phase(&h.phase, None, "", None)
     );
     if let Some(site) = &h.call_site {
         let _ = write!(s, " at {}", safe::name(site));

@@ -432,6 +432,27 @@ pub struct Peak {
     /// What `phase` rests on, in words; why it is unknown when it is.
     #[serde(default)]
     pub phase_evidence: String,
+    /// The frames `phase` rests on when frames decided it: the innermost frame that stands for
+    /// a phase, the training or evaluation frame outside it, the training loop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_frames: Vec<PhaseFrame>,
+    /// `training or eval: unclear` (a forward that nothing tells apart), `no backward yet` (a
+    /// forward of a training run before any backward in the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_note: Option<String>,
+}
+
+/// A frame that a phase verdict rests on.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PhaseFrame {
+    /// `phase` (the innermost frame that stands for one), `context` (the training, evaluation
+    /// or `no_grad` frame outside it) or `loop` (the training loop it ran in).
+    pub role: String,
+    pub function: String,
+    /// From the package folder on (`lightning/pytorch/loops/fit_loop.py`), else the last two
+    /// path components.
+    pub file: String,
+    pub line: i64,
 }
 
 fn low() -> String {
@@ -528,6 +549,14 @@ pub struct Oom {
     /// What `phase` rests on, in words; why it is unknown when it is.
     #[serde(default)]
     pub phase_evidence: String,
+    /// The frames `phase` rests on when frames decided it: the innermost frame that stands for
+    /// a phase, the training or evaluation frame outside it, the training loop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_frames: Vec<PhaseFrame>,
+    /// `training or eval: unclear` (a forward that nothing tells apart), `no backward yet` (a
+    /// forward of a training run before any backward in the window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_note: Option<String>,
     pub call_site: Option<String>,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,

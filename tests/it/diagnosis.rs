@@ -609,3 +609,152 @@ fn inference_without_backward_anywhere_is_eval() {
     let dev = s.report("first-forward.json");
     assert_eq!(dev.oom[0].phase, "forward");
 }
+
+/// Lightning 2.x frames, innermost first, as a real dump has them (`stacks="python"`).
+const LT: &str = "/opt/conda/lib/python3.11/site-packages/lightning/pytorch";
+const TORCH: &str = "/opt/conda/lib/python3.11/site-packages/torch";
+
+fn lightning_fit_outer() -> Vec<(String, &'static str)> {
+    [
+        ("trainer/call.py", "_call_strategy_hook"),
+        ("loops/optimization/automatic.py", "_training_step"),
+        ("loops/optimization/automatic.py", "closure"),
+        ("@torch/utils/_contextlib.py", "decorate_context"),
+        ("loops/optimization/automatic.py", "__call__"),
+        ("@torch/optim/optimizer.py", "_use_grad"),
+        ("@torch/optim/adamw.py", "step"),
+        ("@torch/optim/optimizer.py", "wrapper"),
+        ("core/optimizer.py", "step"),
+        ("strategies/strategy.py", "optimizer_step"),
+        ("core/module.py", "optimizer_step"),
+        ("trainer/call.py", "_call_lightning_module_hook"),
+        ("loops/optimization/automatic.py", "_optimizer_step"),
+        ("loops/optimization/automatic.py", "run"),
+        ("loops/training_epoch_loop.py", "advance"),
+        ("loops/training_epoch_loop.py", "run"),
+        ("loops/fit_loop.py", "advance"),
+        ("loops/fit_loop.py", "run"),
+        ("trainer/trainer.py", "_run_stage"),
+        ("trainer/trainer.py", "_run"),
+        ("trainer/trainer.py", "_fit_impl"),
+        ("trainer/call.py", "_call_and_handle_interrupt"),
+        ("trainer/trainer.py", "fit"),
+    ]
+    .into_iter()
+    .map(|(f, n)| match f.strip_prefix('@') {
+        Some(t) => (format!("{TORCH}/{}", t.trim_start_matches("torch/")), n),
+        None => (format!("{LT}/{f}"), n),
+    })
+    .collect()
+}
+
+fn leak<T>(v: Vec<T>) -> &'static [T] {
+    Box::leak(v.into_boxed_slice())
+}
+
+/// A stack of `inner` user/module frames inside `outer`, as a `Stack`.
+fn stack_of(inner: &[(&str, &'static str)], outer: Vec<(String, &'static str)>) -> synthetic::Stack<'static> {
+    let v: Vec<(&'static str, &'static str)> = inner
+        .iter()
+        .map(|&(f, n)| (&*Box::leak(f.to_owned().into_boxed_str()), n))
+        .chain(outer.into_iter().map(|(f, n)| (&*Box::leak(f.into_boxed_str()), n)))
+        .collect();
+    leak(v)
+}
+
+#[test]
+fn lightning_first_forward_oom_after_the_sanity_check_is_training_forward() {
+    // Lightning runs two validation batches (the sanity check, under no_grad) before fitting;
+    // the first training forward then runs out of memory before any backward. The closure that
+    // runs training_step is decorated with `@torch.enable_grad()`, which shows the same
+    // `decorate_context` frame as `no_grad`.
+    const MIB: u64 = 1 << 20;
+    let linear = format!("{TORCH}/nn/modules/linear.py");
+    let module = format!("{TORCH}/nn/modules/module.py");
+    let user_fwd: Vec<(&str, &'static str)> = vec![
+        (&*Box::leak(linear.into_boxed_str()), "forward"),
+        (&*Box::leak(module.clone().into_boxed_str()), "_call_impl"),
+        ("/home/me/project/model.py", "forward"),
+        (&*Box::leak(module.into_boxed_str()), "_call_impl"),
+    ];
+    let mut train_inner = user_fwd.clone();
+    train_inner.push(("/home/me/project/model.py", "training_step"));
+    train_inner.push((&*Box::leak(format!("{LT}/strategies/strategy.py").into_boxed_str()), "training_step"));
+    let train = stack_of(&train_inner, lightning_fit_outer());
+    let mut val_inner = user_fwd.clone();
+    val_inner.push(("/home/me/project/model.py", "validation_step"));
+    let val_outer: Vec<(String, &'static str)> = [
+        ("strategies/strategy.py", "validation_step"),
+        ("trainer/call.py", "_call_strategy_hook"),
+        ("loops/evaluation_loop.py", "_evaluation_step"),
+        ("loops/utilities.py", "_decorator"),
+        ("loops/evaluation_loop.py", "run"),
+        ("trainer/trainer.py", "_run_sanity_check"),
+        ("trainer/trainer.py", "_run_stage"),
+        ("trainer/trainer.py", "_run"),
+        ("trainer/trainer.py", "fit"),
+    ]
+    .into_iter()
+    .map(|(f, n)| (format!("{LT}/{f}"), n))
+    .collect();
+    let val = stack_of(&val_inner, val_outer);
+    let mut s = synthetic::Snapshot::default();
+    let load = s.alloc(400 * MIB, synthetic::LOAD);
+    let _ = load;
+    for _ in 0..2 {
+        let a = s.alloc(30 * MIB, val);
+        let b = s.alloc(2 * MIB, val);
+        s.free(b, val);
+        s.free(a, val);
+    }
+    let mut saved = Vec::new();
+    for _ in 0..40 {
+        saved.push(s.alloc(60 * MIB, train));
+    }
+    s.oom(900 * MIB, train);
+    let dev = s.report("lightning-first-forward.json");
+    let o = &dev.oom[0];
+    assert_eq!(o.phase, "forward", "{}", o.phase_evidence);
+    assert_eq!(o.phase_confidence, "high");
+    assert!(o.phase_evidence.contains("training_step"), "{}", o.phase_evidence);
+    assert!(o.phase_evidence.contains("no backward yet"), "{}", o.phase_evidence);
+    assert_eq!(o.phase_note.as_deref(), Some("no backward yet"));
+    // The frames it rests on: the user's training_step (not the validation), and the loop.
+    let roles: Vec<(&str, &str)> = o
+        .phase_frames
+        .iter()
+        .map(|f| (f.role.as_str(), f.function.as_str()))
+        .collect();
+    assert!(roles.contains(&("context", "training_step")), "{roles:?}");
+    assert!(
+        o.phase_frames.iter().any(|f| f.role == "loop" && f.file == "lightning/pytorch/loops/fit_loop.py"),
+        "{:?}",
+        o.phase_frames
+    );
+    // What the forward saved is activations, not temporaries, and the advice is the
+    // training batch, not an eval batch.
+    let (cat, _) = synthetic::category_at(&dev, saved[0]);
+    assert_eq!(cat, "activations");
+    assert!(dev.advice.iter().all(|a| !a.action.contains("eval batch")), "{:?}", dev.advice);
+}
+
+#[test]
+fn a_forward_with_neither_training_nor_eval_evidence_is_not_a_confident_guess() {
+    // A bare script: module forwards under `<module>`, no backward, no optimizer, no
+    // validation or generation, no no_grad frame.
+    const MIB: u64 = 1 << 20;
+    const BARE: synthetic::Stack = &[
+        ("/home/me/model.py", "forward"),
+        (synthetic::MODULE, "_call_impl"),
+        ("/home/me/run.py", "<module>"),
+    ];
+    let mut s = synthetic::Snapshot::default();
+    s.alloc(500 * MIB, BARE);
+    s.oom(900 * MIB, BARE);
+    let dev = s.report("bare-forward.json");
+    let o = &dev.oom[0];
+    assert_eq!(o.phase, "forward");
+    assert_ne!(o.phase_confidence, "high");
+    assert_eq!(o.phase_note.as_deref(), Some("training or eval: unclear"));
+    assert!(o.phase_evidence.contains("no backward, optimizer or training loop"), "{}", o.phase_evidence);
+}
