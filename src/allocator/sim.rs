@@ -374,9 +374,12 @@ impl Run<'_> {
         if !real_grows {
             self.flush(None);
         }
-        // The request's pool: the stream's last one, unless the real address says otherwise
-        // (looked up only when the search did not land on it).
-        let guess = self.stream_pool.get(&e.stream).copied().unwrap_or((0, 0));
+        // The request's pool: the entry's `pool_id` (torch 2.12+) decides; without it, the
+        // stream's last one, unless the real address says otherwise (looked up only when the
+        // search did not land on it).
+        let guess = e
+            .pool_id
+            .unwrap_or_else(|| self.stream_pool.get(&e.stream).copied().unwrap_or((0, 0)));
         let key_of = |pool| PoolKey {
             pool,
             stream: e.stream,
@@ -387,7 +390,10 @@ impl Run<'_> {
         let mut fit = self.state.find_fit(key_id, rounded, settings);
         let lands = matches!(fit, Fit::Block(b) if self.state.blocks[b as usize].addr == e.addr);
         // Without private pools every request is in the default one.
-        if !lands && (self.state.private_pools || guess != (0, 0) || !self.pending.is_empty()) {
+        if e.pool_id.is_none()
+            && !lands
+            && (self.state.private_pools || guess != (0, 0) || !self.pending.is_empty())
+        {
             let pool = self.pool_at(e.addr).unwrap_or((0, 0));
             if pool != guess {
                 key = key_of(pool);
@@ -762,7 +768,7 @@ impl Run<'_> {
                         ..*k
                     },
                     None => PoolKey {
-                        pool: grows.map_or((0, 0), |g| g.pool),
+                        pool: e.pool_id.unwrap_or(grows.map_or((0, 0), |g| g.pool)),
                         stream: e.stream,
                         small: grows.map_or(e.size == rules::SMALL_BUFFER, |g| g.small),
                     },
@@ -907,7 +913,9 @@ impl Run<'_> {
         let rounded = e.size;
         let small = rules::is_small(rounded);
         let key = PoolKey {
-            pool: self.stream_pool.get(&e.stream).copied().unwrap_or((0, 0)),
+            pool: e
+                .pool_id
+                .unwrap_or_else(|| self.stream_pool.get(&e.stream).copied().unwrap_or((0, 0))),
             stream: e.stream,
             small,
         };

@@ -21,6 +21,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use serde::{Deserialize, Serialize};
 
+use super::annotations::{category_of_text, UserAnnotations};
 use super::lifetimes::{Allocation, DeviceReplay, Origin};
 use super::phase::{PerStack, Phase, Phases, Source};
 use crate::snapshot::{Interner, Snapshot, StackId};
@@ -110,6 +111,8 @@ pub struct Categorizer<'a> {
     /// Sizes the optimizer keeps state of (state born in an optimizer step and never freed),
     /// with how many blocks of each.
     pub optimizer_state_sizes: FxHashMap<u64, u32>,
+    /// The user's `_annotate_tensor` texts, by allocation.
+    pub annotations: UserAnnotations,
 }
 
 impl<'a> Categorizer<'a> {
@@ -154,6 +157,7 @@ impl<'a> Categorizer<'a> {
             frameless_are_parameters: parameter_shaped(&frameless_ghosts),
             kv_growth: growth.finish(),
             optimizer_state_sizes,
+            annotations: UserAnnotations::of(snapshot, replay.device),
         }
     }
 
@@ -209,6 +213,20 @@ impl<'a> Categorizer<'a> {
     }
 
     pub fn claim(&self, a: &Allocation) -> Claim {
+        // The user's own word on it beats everything else.
+        let named = self
+            .annotations
+            .of_allocation(a)
+            .iter()
+            .rev()
+            .find_map(|&t| category_of_text(self.interner.get_text(t)));
+        if let Some(c) = named {
+            return claim(
+                c,
+                Confidence::High,
+                "the user annotated it (torch.cuda.memory._annotate_tensor)",
+            );
+        }
         // What the allocating code is, when its frames say so, beats the phase.
         if a.origin != Origin::FreedInWindow {
             let of_stack = || {

@@ -2,15 +2,19 @@
 
 pub mod advice;
 pub mod allocator_replay;
+pub mod annotations;
 pub mod callsite;
 pub mod category;
 pub mod check;
 pub mod diff;
+pub mod fields;
 pub mod headline;
+pub mod host;
 pub mod layout;
 pub mod lifetimes;
 pub mod merge;
 pub mod phase;
+pub mod pools;
 pub mod quality;
 pub mod report;
 pub mod stats;

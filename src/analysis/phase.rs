@@ -910,11 +910,8 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
         && !optimizer_seen
         && !training_frames;
     // Neither side: no backward, optimizer or training loop, and no evaluation either.
-    let forward_unclear = !inference
-        && !backward_seen
-        && !optimizer_seen
-        && !training_frames
-        && !eval_seen;
+    let forward_unclear =
+        !inference && !backward_seen && !optimizer_seen && !training_frames && !eval_seen;
     if inference {
         for b in per_event.0.iter_mut() {
             match (phase_of_byte(*b), source_of_byte(*b)) {

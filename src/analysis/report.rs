@@ -252,7 +252,19 @@ fn state_phase(
 
 fn live_allocation(d: &Describe, a: &Allocation, at: Option<u32>) -> LiveAllocation {
     let claim = d.categorizer.categorize(a);
-    described(&d.sites, d.trace, d.phases, a, claim, at)
+    let mut live = described(&d.sites, d.trace, d.phases, a, claim, at);
+    live.annotations = annotation_texts(&d.categorizer, a);
+    live
+}
+
+/// The user's annotations of `a`, as text.
+fn annotation_texts(categorizer: &Categorizer, a: &Allocation) -> Vec<String> {
+    categorizer
+        .annotations
+        .of_allocation(a)
+        .iter()
+        .map(|&t| categorizer.interner.get_text(t).to_owned())
+        .collect()
 }
 
 /// [`live_allocation`] with the category already claimed (and call sites of this thread).
@@ -283,6 +295,7 @@ fn described(
         phase: Cow::Borrowed(phases.at(a.alloc_event).name()),
         category: Cow::Borrowed(category.name()),
         confidence: Cow::Borrowed(confidence_name(confidence)),
+        annotations: Vec::new(),
     }
 }
 
@@ -580,12 +593,19 @@ fn oom_report(
         PoolKind::Large
     };
     let (mut reserved, mut allocated, mut largest) = (0u64, 0u64, 0u64);
+    // The request's pool: the entry's `pool_id` (torch 2.12+), else the default pool.
+    let request_pool = entry.pool_id.unwrap_or(super::pools::DEFAULT_POOL);
+    let mut other_pools = 0u64;
     let mut listed = SegmentList::new(list_limit);
     for_each_layout(snapshot, replay, Moment::After(event), SUMS, &mut |s| {
         reserved = reserved.saturating_add(s.total_bytes);
         allocated = allocated.saturating_add(s.allocated_bytes);
+        let same_pool = s.pool_id.unwrap_or(super::pools::DEFAULT_POOL) == request_pool;
+        if !same_pool {
+            other_pools = other_pools.saturating_add(s.total_bytes);
+        }
         if s.stream == entry.stream
-            && !matches!(s.pool_id, Some(p) if p != (0, 0))
+            && same_pool
             && (s.pool_kind == wanted_kind || s.pool_kind == PoolKind::Unknown)
         {
             largest = largest.max(s.largest_hole_bytes);
@@ -602,6 +622,7 @@ fn oom_report(
     let (segments, segments_omitted) = listed.finish();
     let oom_phase = phase_claim(snapshot, snapshot.trace(replay.device), phases, Some(event));
     Oom {
+        reserved_in_other_pools_bytes: other_pools,
         event_index: event,
         time_us: entry.time_us,
         requested_bytes: request,
@@ -890,7 +911,11 @@ fn device_report_with(
         .zip(&claims)
         .map_init(
             || CallSites::new(&snapshot.interner),
-            |sites, (a, &claim)| described(sites, trace, &phases, a, claim, peak_event),
+            |sites, (a, &claim)| {
+                let mut live = described(sites, trace, &phases, a, claim, peak_event);
+                live.annotations = annotation_texts(categorizer, a);
+                live
+            },
         )
         .collect();
 
@@ -1221,6 +1246,7 @@ fn device_report_with(
         phases_at_peak,
         steps,
         advice: Vec::new(),
+        pools: super::pools::pools_of(snapshot, device, &replay.segment_events),
         notes,
         data_quality: Vec::new(),
     };
@@ -1347,6 +1373,8 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         },
         devices,
         device_table,
+        snapshot_fields: super::fields::snapshot_fields(snapshot),
+        host_memory: super::host::host_memory(snapshot),
     }
 }
 

@@ -114,6 +114,8 @@ mod tests {
             frames: StackId::EMPTY,
             user_metadata: None,
             compile_context: None,
+            pool_id: None,
+            internal_metadata: None,
         }
     }
 

@@ -222,7 +222,12 @@ fn phase_frames_text(frames: &[crate::report::PhaseFrame]) -> String {
                 let _ = write!(out, " in {}", safe::name(&f.file));
             }
             "context" => {
-                let _ = write!(out, " under {} ({})", safe::name(&f.function), safe::name(&at));
+                let _ = write!(
+                    out,
+                    " under {} ({})",
+                    safe::name(&f.function),
+                    safe::name(&at)
+                );
             }
             _ => {
                 let _ = write!(out, "{} ({})", safe::name(&f.function), safe::name(&at));
@@ -462,7 +467,12 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             "Peak before that: {} requested ({} in blocks){} {}.",
             bytes(dev.peak.requested_bytes),
             bytes(dev.peak.allocated_bytes),
-            in_phase(&dev.peak.phase, dev.peak.step, &dev.peak.phase_confidence, dev.peak.phase_note.as_deref()),
+            in_phase(
+                &dev.peak.phase,
+                dev.peak.step,
+                &dev.peak.phase_confidence,
+                dev.peak.phase_note.as_deref()
+            ),
             when(dev, dev.peak.event_index, dev.peak.time_us)
         )));
     }
@@ -493,12 +503,17 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
     } else if !frames.is_empty() {
         let unclear = note.as_deref() == Some(crate::analysis::report::FORWARD_UNCLEAR);
         let how = if unclear {
-            format!("{} — {confidence} confidence", crate::analysis::report::FORWARD_UNCLEAR)
+            format!(
+                "{} — {confidence} confidence",
+                crate::analysis::report::FORWARD_UNCLEAR
+            )
         } else {
             format!("{confidence} confidence")
         };
         let tail = match note.as_deref() {
-            Some(crate::analysis::report::FORWARD_UNCLEAR) => crate::analysis::report::UNCLEAR_WHY.to_owned(),
+            Some(crate::analysis::report::FORWARD_UNCLEAR) => {
+                crate::analysis::report::UNCLEAR_WHY.to_owned()
+            }
             Some(n) => format!(", {n}"),
             None => String::new(),
         };
@@ -802,9 +817,221 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         ));
     }
 
+    out.extend(pool_blocks(dev));
+    out.extend(annotated_blocks(dev));
     out.extend(quality_blocks(dev));
     for n in &dev.notes {
         out.push(Block::Para(format!("Note: {n}")));
+    }
+    out
+}
+
+/// The pool's name as the text shows it: its kind, its id and, when given, its name.
+fn pool_label(p: &crate::report::PoolReport) -> String {
+    let kind = match p.kind.as_str() {
+        "default" => "default pool",
+        "cuda_graph" => "CUDA graph pool",
+        "cudagraph_trees" => "cudagraph trees pool",
+        "mempool" => "MemPool",
+        "symmetric_memory" => "symmetric memory",
+        _ => "private pool",
+    };
+    let mut s = format!("{kind} ({}, {})", p.pool_id[0], p.pool_id[1]);
+    if let Some(n) = &p.name {
+        let _ = write!(s, " {}", safe::name(n));
+    }
+    s
+}
+
+/// Memory by pool, when the device has more than the default pool.
+fn pool_blocks(dev: &DeviceReport) -> Vec<Block> {
+    if dev.pools.len() < 2 && dev.pools.iter().all(|p| p.kind == "default") {
+        return Vec::new();
+    }
+    vec![Block::Table {
+        title: "Memory pools (at the dump; peak over the window; a free block in one pool never \
+                serves another)"
+            .to_owned(),
+        header: vec![
+            "pool",
+            "segments",
+            "reserved",
+            "allocated",
+            "free",
+            "largest free",
+            "peak reserved",
+        ],
+        right: vec![false, true, true, true, true, true, true],
+        rows: dev
+            .pools
+            .iter()
+            .map(|p| {
+                vec![
+                    pool_label(p),
+                    p.segments.to_string(),
+                    format_bytes(p.reserved_bytes),
+                    format_bytes(p.allocated_bytes),
+                    format_bytes(p.free_bytes),
+                    format_bytes(p.largest_free_block_bytes),
+                    format_bytes(p.peak_reserved_bytes),
+                ]
+            })
+            .collect(),
+    }]
+}
+
+/// Allocations alive at the peak that the user annotated (`_annotate_tensor`).
+fn annotated_blocks(dev: &DeviceReport) -> Vec<Block> {
+    let rows: Vec<Vec<String>> = dev
+        .live_at_peak
+        .iter()
+        .filter(|a| !a.annotations.is_empty())
+        .take(10)
+        .map(|a| {
+            vec![
+                format_bytes(a.requested_bytes),
+                format!("{:#x}", a.address),
+                a.category.to_string(),
+                a.annotations
+                    .iter()
+                    .map(|t| safe::name(t))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                safe::name(&a.call_site),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    vec![Block::Table {
+        title: "Alive at the peak and annotated by you (torch.cuda.memory._annotate_tensor)"
+            .to_owned(),
+        header: vec![
+            "requested",
+            "address",
+            "category",
+            "annotation",
+            "call site",
+        ],
+        right: vec![true, false, false, false, false],
+        rows,
+    }]
+}
+
+/// The file's pinned host memory (torch 2.14+), and what its format says: the 2026 fields and
+/// what this version does not read, in one line each.
+fn file_blocks(file: &FileReport) -> Vec<Block> {
+    let mut out = Vec::new();
+    if let Some(h) = &file.host_memory {
+        out.push(Block::Heading("Pinned host memory".to_owned()));
+        let peak_at = match h.peak_event_index {
+            Some(e) => format!("at host event {e} of {}", h.trace_entries),
+            None if h.trace_entries == 0 => "at the dump (no host trace)".to_owned(),
+            None => "at the start of the host trace".to_owned(),
+        };
+        out.push(Block::Para(format!(
+            "Peak {} pinned {peak_at} ({} reserved at most); at the dump {} still pinned of {} \
+             reserved in {}.",
+            format_bytes(h.peak_allocated_bytes),
+            format_bytes(h.peak_reserved_bytes),
+            format_bytes(h.allocated_bytes_at_dump),
+            format_bytes(h.reserved_bytes_at_dump),
+            counted(h.segments, "segment", "segments"),
+        )));
+        let table = |title: &str, rows: &[crate::report::CallSiteBytes]| Block::Table {
+            title: title.to_owned(),
+            header: vec!["bytes", "share", "count", "call site"],
+            right: vec![true, true, true, false],
+            rows: rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        format_bytes(r.bytes),
+                        pct(r.share),
+                        r.count.to_string(),
+                        safe::name(&r.call_site),
+                    ]
+                })
+                .collect(),
+        };
+        if !h.live_at_peak_by_call_site.is_empty() && h.peak_event_index.is_some() {
+            out.push(table(
+                "Pinned at the host peak, by call site",
+                &h.live_at_peak_by_call_site,
+            ));
+        }
+        if !h.held_at_dump_by_call_site.is_empty() {
+            out.push(table(
+                "Still pinned at the dump, by call site",
+                &h.held_at_dump_by_call_site,
+            ));
+        }
+    }
+    let f = &file.snapshot_fields;
+    let mut said = Vec::new();
+    if f.accelerator != "cuda" && !f.accelerator.is_empty() {
+        said.push(format!(
+            "written by the {} allocator",
+            f.accelerator.to_uppercase()
+        ));
+    }
+    if f.pool_ids {
+        said.push("trace entries carry their pool (pool_id)".to_owned());
+    }
+    if f.annotations > 0 {
+        said.push(counted(
+            f.annotations,
+            "annotation (_annotate_tensor)",
+            "annotations (_annotate_tensor)",
+        ));
+    }
+    if !f.user_metadata.is_empty() {
+        let shown: Vec<String> = f
+            .user_metadata
+            .iter()
+            .take(3)
+            .map(|m| format!("{} ({})", safe::name(&m.name), m.entries))
+            .collect();
+        said.push(format!("user metadata: {}", shown.join(", ")));
+    }
+    if !f.internal_metadata.is_empty() {
+        let shown: Vec<String> = f
+            .internal_metadata
+            .iter()
+            .map(|m| format!("{} ({})", safe::name(&m.name), m.entries))
+            .collect();
+        said.push(format!(
+            "allocator tags (internal_metadata): {}",
+            shown.join(", ")
+        ));
+    }
+    if !said.is_empty() {
+        out.push(Block::Para(format!("Snapshot: {}.", said.join("; "))));
+    }
+    let mut ignored = Vec::new();
+    for k in &f.unknown_entry_keys {
+        ignored.push(format!(
+            "{} with key {}",
+            counted(k.entries, "entry", "entries"),
+            safe::name(&k.name)
+        ));
+    }
+    for a in &f.unknown_actions {
+        ignored.push(format!(
+            "{} with action {}",
+            counted(a.entries, "entry", "entries"),
+            safe::name(&a.name)
+        ));
+    }
+    for k in &f.other_top_level_keys {
+        ignored.push(format!("top-level key {}", safe::name(k)));
+    }
+    if !ignored.is_empty() {
+        out.push(Block::Para(format!(
+            "Not read by this version of snapscan: {}.",
+            ignored.join("; ")
+        )));
     }
     out
 }
@@ -1070,6 +1297,7 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
             for dev in &file.devices {
                 blocks.extend(device_blocks(file, dev, view));
             }
+            blocks.extend(file_blocks(file));
             continue;
         }
         if file.devices.len() > 1 {
@@ -1089,6 +1317,7 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
                 blocks.push(Block::Para(empty_device_line(*d)));
             }
         }
+        blocks.extend(file_blocks(file));
     }
     blocks
 }

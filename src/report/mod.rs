@@ -120,6 +120,64 @@ pub struct FileReport {
     /// not grow by a whole report per device.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_table: Vec<DeviceRow>,
+    /// The accelerator, the 2026 fields and what this version does not read. Absent in
+    /// reports written before it existed.
+    #[serde(default)]
+    pub snapshot_fields: SnapshotFields,
+    /// Pinned host memory, when the snapshot recorded it (torch 2.14+).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory: Option<HostMemory>,
+}
+
+/// Pinned host memory (torch 2.14+, `record_pinned_host_memory=True`; `analysis::host`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// `host_segments` at the dump.
+    pub segments: u64,
+    /// `host_traces` entries.
+    pub trace_entries: u64,
+    pub reserved_bytes_at_dump: u64,
+    pub allocated_bytes_at_dump: u64,
+    /// Highest pinned bytes allocated over the trace (the dump's level when it has no trace).
+    pub peak_allocated_bytes: u64,
+    /// Index into `host_traces`; null = the level before the first entry.
+    pub peak_event_index: Option<u32>,
+    pub peak_time_us: Option<i64>,
+    pub peak_reserved_bytes: u64,
+    /// Alive at the peak, by call site (what the window started with is "(no stack recorded)").
+    pub live_at_peak_by_call_site: Vec<CallSiteBytes>,
+    /// Still allocated at the dump, by call site.
+    pub held_at_dump_by_call_site: Vec<CallSiteBytes>,
+}
+
+/// What the file's format says beyond the memory itself: the accelerator, the 2026 fields it
+/// carries, and what this version does not read (named, never dropped silently).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotFields {
+    /// `cuda` (ROCm builds write the same), or `xpu` (its `allocator_settings` hold only
+    /// `PYTORCH_ALLOC_CONF` and `expandable_segments`).
+    pub accelerator: String,
+    /// Trace entries carry `pool_id` (torch 2.12+).
+    pub pool_ids: bool,
+    /// `annotate` entries (`_annotate_tensor`, torch 2.14+).
+    pub annotations: u64,
+    /// Distinct `user_metadata` texts (`_set_memory_metadata`), most entries first (capped).
+    pub user_metadata: Vec<NameCount>,
+    /// Distinct `internal_metadata` tags (the allocator's own, torch 2.15+).
+    pub internal_metadata: Vec<NameCount>,
+    /// Trace-entry keys this version does not read.
+    pub unknown_entry_keys: Vec<NameCount>,
+    /// Actions this version does not know (kept, shown raw).
+    pub unknown_actions: Vec<NameCount>,
+    /// Top-level keys this version does not read.
+    pub other_top_level_keys: Vec<String>,
+}
+
+/// A name and how many trace entries have it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NameCount {
+    pub name: String,
+    pub entries: u64,
 }
 
 impl FileReport {
@@ -327,6 +385,11 @@ pub struct DeviceReport {
     /// Per training step: its peak and the level it started from.
     pub steps: Vec<StepSummary>,
     pub advice: Vec<Advice>,
+    /// Every memory pool of the device (the default pool, CUDA-graph pools, MemPools), with
+    /// what it holds at the dump and its peak reserved bytes. Absent in reports written before
+    /// it existed.
+    #[serde(default)]
+    pub pools: Vec<PoolReport>,
     pub notes: Vec<String>,
     /// Inconsistencies found in the data, each with the fields it can make wrong; empty for a
     /// clean dump. Absent in reports written before it existed.
@@ -485,6 +548,9 @@ pub struct LiveAllocation {
     pub category: Cow<'static, str>,
     /// `high` (phase seen in frames/annotations), `medium` (by position), `low` (a guess).
     pub confidence: Cow<'static, str>,
+    /// The user's `_annotate_tensor` texts on it (torch 2.14+), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub annotations: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -558,6 +624,10 @@ pub struct Oom {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase_note: Option<String>,
     pub call_site: Option<String>,
+    /// Reserved bytes in pools other than the request's at the OOM: out of its reach (a free
+    /// block in one pool never serves another). Absent in reports written before it existed.
+    #[serde(default)]
+    pub reserved_in_other_pools_bytes: u64,
     pub live_by_call_site: Vec<CallSiteBytes>,
     pub segments: Vec<SegmentReport>,
     /// What a capped `segments` left out.
@@ -570,6 +640,27 @@ pub struct Oom {
     /// Whether the model, too, found no cached block that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproduced_by_model: Option<bool>,
+}
+
+/// One memory pool of a device (`analysis::pools`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolReport {
+    /// `segment_pool_id`/`pool_id`: `[0, 0]` is the default pool.
+    pub pool_id: [i64; 2],
+    /// `default`, `cuda_graph` (`(n, 0)`), `cudagraph_trees`, `mempool` (`(0, n)`),
+    /// `symmetric_memory`, `private`.
+    pub kind: String,
+    /// From the `pool` or `name` key of the JSON `user_metadata` its allocations ran under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// At the dump.
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    pub free_bytes: u64,
+    pub largest_free_block_bytes: u64,
+    /// Over the window (reserved at the window start with the trace's segment events applied).
+    pub peak_reserved_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -29,6 +29,8 @@ struct Keys {
     device_traces: Option<StrId>,
     allocator_settings: Option<StrId>,
     external_annotations: Option<StrId>,
+    host_segments: Option<StrId>,
+    host_traces: Option<StrId>,
     device: Option<StrId>,
     address: Option<StrId>,
     total_size: Option<StrId>,
@@ -51,6 +53,9 @@ struct Keys {
     time_us: Option<StrId>,
     user_metadata: Option<StrId>,
     compile_context: Option<StrId>,
+    pool_id: Option<StrId>,
+    internal_metadata: Option<StrId>,
+    forward_frames: Option<StrId>,
     name: Option<StrId>,
     filename: Option<StrId>,
     line: Option<StrId>,
@@ -65,6 +70,8 @@ impl Keys {
             device_traces: k("device_traces"),
             allocator_settings: k("allocator_settings"),
             external_annotations: k("external_annotations"),
+            host_segments: k("host_segments"),
+            host_traces: k("host_traces"),
             device: k("device"),
             address: k("address"),
             total_size: k("total_size"),
@@ -87,6 +94,9 @@ impl Keys {
             time_us: k("time_us"),
             user_metadata: k("user_metadata"),
             compile_context: k("compile_context"),
+            pool_id: k("pool_id"),
+            internal_metadata: k("internal_metadata"),
+            forward_frames: k("forward_frames"),
             name: k("name"),
             filename: k("filename"),
             line: k("line"),
@@ -103,6 +113,8 @@ struct Decoder<'d> {
     stack_by_list: FxHashMap<SeqId, StackId>,
     frame_by_dict: FxHashMap<DictId, FrameId>,
     text_by_str: FxHashMap<StrId, TextId>,
+    /// Keys of trace entries this version does not read, with how many entries had each.
+    unknown_entry_keys: FxHashMap<StrId, u64>,
 }
 
 /// A segment's allocated, active and requested bytes: as the dump gives them, or, where older
@@ -339,22 +351,9 @@ impl<'d> Decoder<'d> {
             },
             None => PoolKind::Unknown,
         };
-        let pool_id = match self.get(dict, k.segment_pool_id) {
-            None | Some(Value::None) => None,
-            Some(v) => {
-                let p = || format!("{}.segment_pool_id", path());
-                let items = self.as_seq(v, &p)?;
-                match items {
-                    [a, b] => Some((self.i64_value(*a, &p)?, self.i64_value(*b, &p)?)),
-                    _ => {
-                        return Err(schema(
-                            p(),
-                            format!("expected a pair, found {} items", items.len()),
-                        ))
-                    }
-                }
-            }
-        };
+        let pool_id = self.pool_pair(self.get(dict, k.segment_pool_id), &|| {
+            format!("{}.segment_pool_id", path())
+        })?;
         let is_expandable = matches!(self.get(dict, k.is_expandable), Some(Value::Bool(true)));
         let frames = self.stack(self.get(dict, k.frames), path)?;
         let blocks_value = self
@@ -445,6 +444,35 @@ impl<'d> Decoder<'d> {
         })
     }
 
+    /// A `segment_pool_id` or `pool_id`: a pair of ints (`None` when absent or None).
+    fn pool_pair(
+        &self,
+        v: Option<Value>,
+        p: &dyn Fn() -> String,
+    ) -> Result<Option<(i64, i64)>, SchemaError> {
+        match v {
+            None | Some(Value::None) => Ok(None),
+            Some(v) => match self.as_seq(v, p)? {
+                [a, b] => Ok(Some((self.i64_value(*a, p)?, self.i64_value(*b, p)?))),
+                items => Err(schema(
+                    p(),
+                    format!("expected a pair, found {} items", items.len()),
+                )),
+            },
+        }
+    }
+
+    /// [`Decoder::unknown_entry_keys`] by name, most frequent first.
+    fn unknown_entry_keys(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self
+            .unknown_entry_keys
+            .iter()
+            .map(|(k, n)| (self.doc.str(*k).to_owned(), *n))
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
+    }
+
     fn trace_entry(
         &mut self,
         v: Value,
@@ -455,6 +483,7 @@ impl<'d> Decoder<'d> {
         let (mut action, mut addr, mut size, mut stream, mut device_free, mut time_us) =
             (None, None, None, None, None, None);
         let (mut frames, mut user_metadata, mut compile_context) = (None, None, None);
+        let (mut pool_id, mut internal_metadata) = (None, None);
         let k = self.keys;
         for (key, value) in self.doc.dict(dict) {
             let Value::Str(key) = *key else { continue };
@@ -477,6 +506,15 @@ impl<'d> Decoder<'d> {
                 user_metadata = Some(*value);
             } else if key == k.compile_context {
                 compile_context = Some(*value);
+            } else if key == k.pool_id {
+                pool_id = Some(*value);
+            } else if key == k.internal_metadata {
+                internal_metadata = Some(*value);
+            } else if key != k.forward_frames {
+                // Kept for the record: named and counted in the report, never dropped silently.
+                if let Some(key) = key {
+                    *self.unknown_entry_keys.entry(key).or_default() += 1;
+                }
             }
         }
         let action_value =
@@ -514,6 +552,8 @@ impl<'d> Decoder<'d> {
         let frames = self.stack(frames, path)?;
         let user_metadata = self.opt_text(user_metadata);
         let compile_context = self.opt_text(compile_context);
+        let pool_id = self.pool_pair(pool_id, &|| format!("{}.pool_id", path()))?;
+        let internal_metadata = self.opt_text(internal_metadata);
         Ok(TraceEntry {
             action,
             action_text,
@@ -525,6 +565,8 @@ impl<'d> Decoder<'d> {
             frames,
             user_metadata,
             compile_context,
+            pool_id,
+            internal_metadata,
         })
     }
 
@@ -635,6 +677,7 @@ pub(crate) fn decode_parts(
         stack_by_list: FxHashMap::default(),
         frame_by_dict: FxHashMap::default(),
         text_by_str: FxHashMap::default(),
+        unknown_entry_keys: FxHashMap::default(),
     };
     let (layout, segments_value, traces_value, settings_value, annotations_value, other_keys) =
         match root {
@@ -652,6 +695,8 @@ pub(crate) fn decode_parts(
                     d.keys.device_traces,
                     d.keys.allocator_settings,
                     d.keys.external_annotations,
+                    d.keys.host_segments,
+                    d.keys.host_traces,
                 ];
                 // Each key once: a dict may list one long key again and again.
                 let mut seen = rustc_hash::FxHashSet::default();
@@ -690,41 +735,21 @@ pub(crate) fn decode_parts(
             }
         };
 
-    let mut segments = Vec::new();
-    if let Some(sv) = segments_value {
-        let items = d.as_seq(sv, &|| "segments".to_owned())?;
-        // Bounded: the count comes from the input (a memo bomb lists one segment millions of times).
-        segments.reserve(items.len().min(1 << 16));
-        // A segment is one dict: the same dict listed again is a memo bomb (one object
-        // referenced millions of times), not a snapshot; copying it each time would not end.
-        let mut seen: FxHashMap<DictId, usize> = FxHashMap::default();
-        let mut preset = match sv {
-            Value::List(id) | Value::Tuple(id) => preset_segments(id),
-            _ => None,
-        };
-        // Every segment read already (the parallel reader's usual case): the list becomes the
-        // segments where it lies, without a second copy of them all.
-        // (`map_while` collects in place; all items are `Some`.)
-        if let Some(p) = preset.take_if(|p| p.len() == items.len() && p.iter().all(Option::is_some))
-        {
-            segments = p.into_iter().map_while(|s| s).collect();
-        }
-        for (i, item) in items.iter().enumerate().skip(segments.len()) {
-            if let Some(seg) = preset.as_mut().and_then(|p| p.get_mut(i)?.take()) {
-                segments.push(seg);
-                continue;
-            }
-            if let Value::Dict(id) = item {
-                if let Some(first) = seen.insert(*id, i) {
-                    return Err(shared(
-                        format!("segments[{i}]"),
-                        format!("segments[{first}]"),
-                    ));
-                }
-            }
-            segments.push(d.segment(*item, &|| format!("segments[{i}]"))?);
-        }
-    }
+    let segments = match segments_value {
+        Some(sv) => segment_list(&mut d, sv, "segments", preset_segments)?,
+        None => Vec::new(),
+    };
+    let (host_segments_value, host_traces_value) = match root {
+        Value::Dict(top) => (
+            d.get(top, d.keys.host_segments),
+            d.get(top, d.keys.host_traces),
+        ),
+        _ => (None, None),
+    };
+    let host_segments = match host_segments_value {
+        Some(v) => segment_list(&mut d, v, "host_segments", preset_segments)?,
+        None => Vec::new(),
+    };
 
     let mut device_traces = Vec::new();
     if let Some(tv) = traces_value {
@@ -766,6 +791,31 @@ pub(crate) fn decode_parts(
         }
     }
 
+    // Pinned host memory (torch 2.14+): one flat trace, entries of the device traces' shape.
+    let host_trace = match host_traces_value {
+        None | Some(Value::None) => None,
+        Some(v) => {
+            // (A list shared with a device trace is read twice: twice the bytes at most.)
+            let read = match v {
+                Value::List(id) => preset(id),
+                _ => None,
+            };
+            match read {
+                Some(t) => Some(t),
+                None => {
+                    let entries = d.as_seq(v, &|| "host_traces".to_owned())?;
+                    let mut part = Part::default();
+                    for (i, e) in entries.iter().enumerate() {
+                        part.push(&d.trace_entry(*e, &|| format!("host_traces[{i}]"))?);
+                    }
+                    let mut out = Trace::new();
+                    out.push_part(part);
+                    Some(out)
+                }
+            }
+        }
+    };
+
     let allocator_settings = match settings_value {
         None | Some(Value::None) => None,
         Some(v) => Some(d.settings(v)?),
@@ -785,11 +835,56 @@ pub(crate) fn decode_parts(
         device_traces,
         allocator_settings,
         annotations,
+        unknown_entry_keys: d.unknown_entry_keys(),
         interner: d.interner,
         other_top_level_keys: other_keys,
+        host_segments,
+        host_trace,
         salvaged: None,
         after_stop: None,
         segments_by_device: Default::default(),
         stacks_found: Default::default(),
     })
+}
+
+/// A list of segment dicts (`segments`, `host_segments`), each dict its own object.
+fn segment_list(
+    d: &mut Decoder,
+    sv: Value,
+    name: &str,
+    preset_segments: &mut PresetSegments<'_>,
+) -> Result<Vec<Segment>, SchemaError> {
+    let mut segments = Vec::new();
+    {
+        let items = d.as_seq(sv, &|| name.to_owned())?;
+        // Bounded: the count comes from the input (a memo bomb lists one segment millions of times).
+        segments.reserve(items.len().min(1 << 16));
+        // A segment is one dict: the same dict listed again is a memo bomb (one object
+        // referenced millions of times), not a snapshot; copying it each time would not end.
+        let mut seen: FxHashMap<DictId, usize> = FxHashMap::default();
+        let mut preset = match sv {
+            Value::List(id) | Value::Tuple(id) => preset_segments(id),
+            _ => None,
+        };
+        // Every segment read already (the parallel reader's usual case): the list becomes the
+        // segments where it lies, without a second copy of them all.
+        // (`map_while` collects in place; all items are `Some`.)
+        if let Some(p) = preset.take_if(|p| p.len() == items.len() && p.iter().all(Option::is_some))
+        {
+            segments = p.into_iter().map_while(|s| s).collect();
+        }
+        for (i, item) in items.iter().enumerate().skip(segments.len()) {
+            if let Some(seg) = preset.as_mut().and_then(|p| p.get_mut(i)?.take()) {
+                segments.push(seg);
+                continue;
+            }
+            if let Value::Dict(id) = item {
+                if let Some(first) = seen.insert(*id, i) {
+                    return Err(shared(format!("{name}[{i}]"), format!("{name}[{first}]")));
+                }
+            }
+            segments.push(d.segment(*item, &|| format!("{name}[{i}]"))?);
+        }
+    }
+    Ok(segments)
 }

@@ -9,7 +9,7 @@ mod trace;
 pub use decode::{decode, SchemaError};
 pub use intern::{Frame, FrameId, Interner, StackId, TextId};
 pub use model::*;
-pub use trace::{Core as TraceCore, Iter as TraceIter, Trace};
+pub use trace::{Combination, Core as TraceCore, Iter as TraceIter, Trace};
 
 use std::path::Path;
 

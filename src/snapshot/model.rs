@@ -162,6 +162,11 @@ pub struct TraceEntry {
     pub frames: StackId,
     pub user_metadata: Option<TextId>,
     pub compile_context: Option<TextId>,
+    /// `pool_id` (torch 2.12+): the memory pool of the block or segment; `(0, 0)` is the
+    /// default pool. `None` in older files.
+    pub pool_id: Option<(i64, i64)>,
+    /// `internal_metadata` (torch 2.15+): the allocator's own tag, e.g. `mallocWithAddress`.
+    pub internal_metadata: Option<TextId>,
 }
 
 #[derive(Clone, Debug)]
@@ -197,6 +202,14 @@ pub struct Snapshot {
     pub interner: Interner,
     /// Top-level keys this version does not read (kept for the record).
     pub other_top_level_keys: Vec<String>,
+    /// `host_segments` (torch 2.14+): the pinned host allocator's segments (device -1).
+    pub host_segments: Vec<Segment>,
+    /// `host_traces` (torch 2.14+, `record_pinned_host_memory=True`): one flat trace.
+    pub host_trace: Option<Trace>,
+    /// Keys of trace entries this version does not read, with how many entries had each
+    /// (most first). Read by the sequential reader; the parallel one leaves entries with such
+    /// keys to it.
+    pub unknown_entry_keys: Vec<(String, u64)>,
     /// Set when the snapshot was recovered from a cut pickle (`--salvage`).
     pub salvaged: Option<Salvaged>,
     /// Bytes after the pickle's STOP, ignored (as `pickle.load` ignores them).

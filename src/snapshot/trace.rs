@@ -31,6 +31,8 @@ pub(crate) struct Meta {
     pub user_metadata: Option<TextId>,
     pub compile_context: Option<TextId>,
     pub has_device_free: bool,
+    pub pool_id: Option<(i64, i64)>,
+    pub internal_metadata: Option<TextId>,
 }
 
 /// One entry in 16 bytes (4-byte alignment; a long trace has millions). The address is kept
@@ -93,6 +95,17 @@ fn stack_code(stack: u32, row: u32, wide: &mut Vec<(u32, u32)>) -> u32 {
         wide.push((row, stack));
         WIDE_STACK
     }
+}
+
+/// What entries share, as [`Trace::combinations`] counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Combination {
+    pub action: Action,
+    /// The raw action text when `action` is `Other`.
+    pub action_text: Option<TextId>,
+    pub pool_id: Option<(i64, i64)>,
+    pub user_metadata: Option<TextId>,
+    pub internal_metadata: Option<TextId>,
 }
 
 /// The fields of a trace entry that the replay and most checks read, cheaper to get than a
@@ -191,6 +204,8 @@ impl Part {
             user_metadata: e.user_metadata,
             compile_context: e.compile_context,
             has_device_free: e.device_free.is_some(),
+            pool_id: e.pool_id,
+            internal_metadata: e.internal_metadata,
         };
         let meta = self.meta_id(meta);
         if let Some(v) = e.device_free {
@@ -286,6 +301,8 @@ impl Part {
             frames: StackId(self.stack(i)),
             user_metadata: m.user_metadata,
             compile_context: m.compile_context,
+            pool_id: m.pool_id,
+            internal_metadata: m.internal_metadata,
         }
     }
 
@@ -379,6 +396,7 @@ impl Part {
             m.action_text = m.action_text.map(&text);
             m.user_metadata = m.user_metadata.map(&text);
             m.compile_context = m.compile_context.map(&text);
+            m.internal_metadata = m.internal_metadata.map(&text);
         }
     }
 
@@ -458,6 +476,39 @@ impl Trace {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// How many entries have each distinct combination of what entries share (action, its
+    /// text when unknown, pool id, user and internal metadata): one pass over the rows' small
+    /// metadata ids, most entries first.
+    pub fn combinations(&self) -> Vec<(Combination, u64)> {
+        let mut counts: rustc_hash::FxHashMap<Combination, u64> = Default::default();
+        for s in &self.slices {
+            let part = &s.part;
+            let mut per_meta = vec![0u64; part.metas.len()];
+            for i in s.rows.clone() {
+                let (_, meta) = part.addr_meta(i);
+                if let Some(c) = per_meta.get_mut(meta as usize) {
+                    *c += 1;
+                }
+            }
+            for (m, n) in part.metas.iter().zip(per_meta) {
+                if n > 0 {
+                    *counts
+                        .entry(Combination {
+                            action: m.action,
+                            action_text: m.action_text,
+                            pool_id: m.pool_id,
+                            user_metadata: m.user_metadata,
+                            internal_metadata: m.internal_metadata,
+                        })
+                        .or_default() += n;
+                }
+            }
+        }
+        let mut v: Vec<(Combination, u64)> = counts.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v
     }
 
     /// Entry `i`, or `None` past the end.
@@ -677,6 +728,8 @@ mod tests {
             frames: StackId(i as u32),
             user_metadata: (i == 2).then_some(TextId(9)),
             compile_context: Some(TextId(1)),
+            pool_id: (i == 6).then_some((1, 0)),
+            internal_metadata: (i == 8).then_some(TextId(4)),
         }
     }
 

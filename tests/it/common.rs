@@ -15,7 +15,7 @@ pub fn fixture(rel: &str) -> PathBuf {
 /// Every snapshot fixture (real and synthetic), sorted.
 pub fn snapshot_fixtures() -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for dir in ["captured", "real", "synth"] {
+    for dir in ["captured", "real", "synth", "torch215"] {
         let d = root().join("fixtures").join(dir);
         for e in std::fs::read_dir(&d).expect("fixtures dir") {
             let p = e.expect("entry").path();

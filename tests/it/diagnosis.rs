@@ -653,11 +653,18 @@ fn leak<T>(v: Vec<T>) -> &'static [T] {
 }
 
 /// A stack of `inner` user/module frames inside `outer`, as a `Stack`.
-fn stack_of(inner: &[(&str, &'static str)], outer: Vec<(String, &'static str)>) -> synthetic::Stack<'static> {
+fn stack_of(
+    inner: &[(&str, &'static str)],
+    outer: Vec<(String, &'static str)>,
+) -> synthetic::Stack<'static> {
     let v: Vec<(&'static str, &'static str)> = inner
         .iter()
         .map(|&(f, n)| (&*Box::leak(f.to_owned().into_boxed_str()), n))
-        .chain(outer.into_iter().map(|(f, n)| (&*Box::leak(f.into_boxed_str()), n)))
+        .chain(
+            outer
+                .into_iter()
+                .map(|(f, n)| (&*Box::leak(f.into_boxed_str()), n)),
+        )
         .collect();
     leak(v)
 }
@@ -679,7 +686,10 @@ fn lightning_first_forward_oom_after_the_sanity_check_is_training_forward() {
     ];
     let mut train_inner = user_fwd.clone();
     train_inner.push(("/home/me/project/model.py", "training_step"));
-    train_inner.push((&*Box::leak(format!("{LT}/strategies/strategy.py").into_boxed_str()), "training_step"));
+    train_inner.push((
+        &*Box::leak(format!("{LT}/strategies/strategy.py").into_boxed_str()),
+        "training_step",
+    ));
     let train = stack_of(&train_inner, lightning_fit_outer());
     let mut val_inner = user_fwd.clone();
     val_inner.push(("/home/me/project/model.py", "validation_step"));
@@ -716,8 +726,16 @@ fn lightning_first_forward_oom_after_the_sanity_check_is_training_forward() {
     let o = &dev.oom[0];
     assert_eq!(o.phase, "forward", "{}", o.phase_evidence);
     assert_eq!(o.phase_confidence, "high");
-    assert!(o.phase_evidence.contains("training_step"), "{}", o.phase_evidence);
-    assert!(o.phase_evidence.contains("no backward yet"), "{}", o.phase_evidence);
+    assert!(
+        o.phase_evidence.contains("training_step"),
+        "{}",
+        o.phase_evidence
+    );
+    assert!(
+        o.phase_evidence.contains("no backward yet"),
+        "{}",
+        o.phase_evidence
+    );
     assert_eq!(o.phase_note.as_deref(), Some("no backward yet"));
     // The frames it rests on: the user's training_step (not the validation), and the loop.
     let roles: Vec<(&str, &str)> = o
@@ -727,7 +745,9 @@ fn lightning_first_forward_oom_after_the_sanity_check_is_training_forward() {
         .collect();
     assert!(roles.contains(&("context", "training_step")), "{roles:?}");
     assert!(
-        o.phase_frames.iter().any(|f| f.role == "loop" && f.file == "lightning/pytorch/loops/fit_loop.py"),
+        o.phase_frames
+            .iter()
+            .any(|f| f.role == "loop" && f.file == "lightning/pytorch/loops/fit_loop.py"),
         "{:?}",
         o.phase_frames
     );
@@ -735,7 +755,11 @@ fn lightning_first_forward_oom_after_the_sanity_check_is_training_forward() {
     // training batch, not an eval batch.
     let (cat, _) = synthetic::category_at(&dev, saved[0]);
     assert_eq!(cat, "activations");
-    assert!(dev.advice.iter().all(|a| !a.action.contains("eval batch")), "{:?}", dev.advice);
+    assert!(
+        dev.advice.iter().all(|a| !a.action.contains("eval batch")),
+        "{:?}",
+        dev.advice
+    );
 }
 
 #[test]
@@ -756,5 +780,10 @@ fn a_forward_with_neither_training_nor_eval_evidence_is_not_a_confident_guess() 
     assert_eq!(o.phase, "forward");
     assert_ne!(o.phase_confidence, "high");
     assert_eq!(o.phase_note.as_deref(), Some("training or eval: unclear"));
-    assert!(o.phase_evidence.contains("no backward, optimizer or training loop"), "{}", o.phase_evidence);
+    assert!(
+        o.phase_evidence
+            .contains("no backward, optimizer or training loop"),
+        "{}",
+        o.phase_evidence
+    );
 }

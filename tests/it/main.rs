@@ -10,6 +10,7 @@ mod decode;
 mod diagnosis;
 mod edges;
 mod explain;
+mod fields2026;
 mod forgery;
 mod headline;
 mod hostile;

@@ -197,10 +197,38 @@ fn load_inner(
     };
     t.lap("stitch");
     let end = outs.last().and_then(|o| o.stop_end);
+    let unknown_keys = unknown_entry_keys(&outs, &stitch);
     let mut s = finish(&ctx, outs, stitch, root, &mut t)?;
+    merge_unknown_keys(&mut s.unknown_entry_keys, unknown_keys);
     s.after_stop = end.and_then(|e| super::AfterStop::of(e, data.len()));
     t.lap("decode");
     Ok((s, truncation))
+}
+
+/// The keys of trace entries that the chunks and the stitch did not read, with their counts.
+fn unknown_entry_keys(outs: &[ChunkOut<'_>], stitch: &Vm<'_, '_>) -> FxHashMap<String, u64> {
+    let mut all: FxHashMap<String, u64> = FxHashMap::default();
+    for (k, n) in outs
+        .iter()
+        .flat_map(|o| o.unknown_keys.iter())
+        .chain(stitch.unknown_keys())
+    {
+        *all.entry((*k).to_owned()).or_default() += n;
+    }
+    all
+}
+
+/// Adds `more` to the decoder's own count (entries the document held), most first.
+fn merge_unknown_keys(counts: &mut Vec<(String, u64)>, more: FxHashMap<String, u64>) {
+    if more.is_empty() {
+        return;
+    }
+    let mut all: FxHashMap<String, u64> = counts.drain(..).collect();
+    for (k, n) in more {
+        *all.entry(k).or_default() += n;
+    }
+    counts.extend(all);
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
 }
 
 /// Tests: the chunk where the helper of [`read_in_order`] starts (`usize::MAX`: the one at
@@ -840,9 +868,14 @@ impl<'a> Resolver<'_, 'a, '_> {
             self.outs[src].part.metas.clone()
         };
         for m in metas {
-            for t in [m.action_text, m.user_metadata, m.compile_context]
-                .into_iter()
-                .flatten()
+            for t in [
+                m.action_text,
+                m.user_metadata,
+                m.compile_context,
+                m.internal_metadata,
+            ]
+            .into_iter()
+            .flatten()
             {
                 self.text(src, t.0)?;
             }

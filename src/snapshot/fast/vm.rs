@@ -142,6 +142,8 @@ struct RowFields {
     frames: Option<LVal>,
     user_metadata: Option<LVal>,
     compile_context: Option<LVal>,
+    pool_id: Option<(i64, i64)>,
+    internal_metadata: Option<LVal>,
 }
 
 /// Where a stack slot's frames come from.
@@ -180,8 +182,12 @@ const F_POOL_ID: u8 = 21;
 const F_IS_EXPANDABLE: u8 = 22;
 const F_BLOCKS: u8 = 23;
 const F_STATE: u8 = 24;
+// Keys of trace entries from torch 2.11-2.15 (`pool_id`, `internal_metadata`, `forward_frames`).
+const F_TPOOL: u8 = 25;
+const F_IM: u8 = 26;
+const F_FWD: u8 = 27;
 /// Number of field codes.
-const FIELDS: usize = 25;
+const FIELDS: usize = 28;
 
 fn field_of(s: &str) -> u8 {
     match s {
@@ -208,8 +214,16 @@ fn field_of(s: &str) -> u8 {
         "is_expandable" => F_IS_EXPANDABLE,
         "blocks" => F_BLOCKS,
         "state" => F_STATE,
+        "pool_id" => F_TPOOL,
+        "internal_metadata" => F_IM,
+        "forward_frames" => F_FWD,
         _ => F_OTHER,
     }
+}
+
+/// Whether a key of this field code is one a trace entry may have (read or knowingly skipped).
+fn is_entry_key(field: u8) -> bool {
+    matches!(field, 0..=F_CC | F_TPOOL | F_IM | F_FWD)
 }
 
 /// A memo value found from the bytes that stored it.
@@ -1312,6 +1326,11 @@ pub struct Vm<'a, 'c> {
     inner: bool,
     /// Action of each string, once looked up.
     str_action: Vec<Option<Action>>,
+    /// Keys of trace entries that no field reads, with how many entries had each.
+    unknown_keys: FxHashMap<&'a str, u64>,
+    /// Entries' `pool_id` pairs read without the machine, by memo index (ascending): the
+    /// memo holds `Ext` for them, resolved here when this chunk fetches one.
+    local_pairs: Vec<(u32, (i64, i64))>,
     /// Offset of the opcode being run.
     pub op_pos: usize,
     /// Where [`Vm::ext_frames`] stopped.
@@ -1355,6 +1374,8 @@ pub struct ChunkOut<'a> {
     pub stop_end: Option<usize>,
     /// Segment dicts read here, by row.
     pub segs: Vec<SegRow>,
+    /// Keys of trace entries that no field reads, with how many entries had each.
+    pub unknown_keys: FxHashMap<&'a str, u64>,
 }
 
 impl<'a, 'c> Vm<'a, 'c> {
@@ -1388,6 +1409,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             scratch_blocks: Vec::new(),
             inner: false,
             str_action: Vec::new(),
+            unknown_keys: FxHashMap::default(),
+            local_pairs: Vec::new(),
             op_pos: 0,
             after_frames: 0,
             frames_seen: FxHashMap::default(),
@@ -1422,6 +1445,20 @@ impl<'a, 'c> Vm<'a, 'c> {
 
     // ----- memo -----
 
+    /// A `pool_id` pair this chunk read without the machine ([`Vm::local_pairs`]), fetched:
+    /// made a tuple for this fetch (its memo slot keeps the marker: a rollback of the dict
+    /// being read drops the arena's newer tuples).
+    #[cold]
+    #[inline(never)]
+    fn local_pair(&mut self, g: u32) -> R<LVal> {
+        let k = self
+            .local_pairs
+            .binary_search_by_key(&g, |(m, _)| *m)
+            .map_err(|_| Unsupported)?;
+        let (a, b) = self.local_pairs[k].1;
+        self.a.new_tuple(&[LVal::Int(a), LVal::Int(b)])
+    }
+
     #[inline(always)]
     fn memo_get(&mut self, g: u32) -> R<LVal> {
         let v = match self.mode {
@@ -1429,10 +1466,14 @@ impl<'a, 'c> Vm<'a, 'c> {
                 if g < self.memo_base {
                     return Ok(LVal::Ext(g));
                 }
-                *self
+                match *self
                     .memo
                     .get((g - self.memo_base) as usize)
                     .ok_or(Unsupported)?
+                {
+                    LVal::Ext(x) if x == g => self.local_pair(g)?,
+                    v => v,
+                }
             }
             Mode::Stitch => self.smemo.get(&g).copied().unwrap_or(LVal::Ext(g)),
         };
@@ -1676,6 +1717,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             }
             vm.memo.truncate(saved.0);
             vm.memo_next = saved.1;
+            let pairs = vm.local_pairs.partition_point(|(m, _)| *m < saved.1);
+            vm.local_pairs.truncate(pairs);
             vm.a.lists.truncate(saved.2);
             vm.a.pool.truncate(saved.3);
             vm.a.dicts.truncate(saved.4);
@@ -1721,8 +1764,9 @@ impl<'a, 'c> Vm<'a, 'c> {
         // Values by field: texts and frames as fetched, numbers read (`None`: absent or None).
         let mut action = None;
         let mut frames = None;
-        let mut texts: [Option<LVal>; 2] = [None; 2];
+        let mut texts: [Option<LVal>; 3] = [None; 3];
         let mut nums: [Option<i64>; 6] = [None; 6];
+        let mut pool_id = None;
         loop {
             let code = *data.get(p)?;
             if code == op::SETITEMS {
@@ -1741,7 +1785,26 @@ impl<'a, 'c> Vm<'a, 'c> {
                     nums[(field - F_ADDR) as usize] = v;
                     p += len;
                 }
-                F_ACTION | F_UM | F_CC => {
+                // torch 2.12+: a fresh pair of ints on every entry. Memoized as a value to
+                // look up when fetched ([`Vm::local_pairs`]): a tuple per entry kept for later
+                // chunks would cost millions of allocations (their fetches fall back).
+                F_TPOOL => {
+                    let (a, la) = small_int(data, p)?;
+                    let (b, lb) = small_int(data, p + la)?;
+                    p += la + lb;
+                    if *data.get(p)? != op::TUPLE2 {
+                        return None;
+                    }
+                    p += 1;
+                    if data.get(p) == Some(&op::MEMOIZE) {
+                        p += 1;
+                        self.local_pairs.push((self.memo_next, (a, b)));
+                        self.memo.push(LVal::Ext(self.memo_next));
+                        self.memo_next += 1;
+                    }
+                    pool_id = Some((a, b));
+                }
+                F_ACTION | F_UM | F_CC | F_IM => {
                     let v = match code {
                         op::BINGET | op::LONG_BINGET => {
                             let (v, np) = self.fetch(data, p).ok()?;
@@ -1764,7 +1827,8 @@ impl<'a, 'c> Vm<'a, 'c> {
                     match field {
                         F_ACTION => action = Some(v),
                         F_UM => texts[0] = Some(v),
-                        _ => texts[1] = Some(v),
+                        F_CC => texts[1] = Some(v),
+                        _ => texts[2] = Some(v),
                     }
                 }
                 F_FRAMES => {
@@ -1803,6 +1867,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames,
             user_metadata: texts[0],
             compile_context: texts[1],
+            pool_id,
+            internal_metadata: texts[2],
         };
         let row = self.push_row(fields).ok()?;
         let rec = LVal::Rec { src: self.src, row };
@@ -1913,9 +1979,11 @@ impl<'a, 'c> Vm<'a, 'c> {
             row: NONE_U32,
         });
         self.memo_next += 1;
-        let mut f: [Option<LVal>; 9] = [None; 9];
+        let mut f: [Option<LVal>; 11] = [None; 11];
         // Only a dict with a `blocks` key can be a segment: block and frame dicts skip the try.
         let mut has_blocks = false;
+        // A key past the common trace entry's (`pool_id`, `internal_metadata`, unknown ones).
+        let mut other_key = false;
         loop {
             let code = *data.get(p).ok_or(Unsupported)?;
             if code == op::SETITEMS {
@@ -2040,6 +2108,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             };
             if field <= F_CC {
                 f[field as usize] = Some(v);
+            } else {
+                other_key = true;
             }
             has_blocks |= field == F_BLOCKS;
             // The pairs make a dict only when there is no action (a trace entry has it first).
@@ -2066,8 +2136,9 @@ impl<'a, 'c> Vm<'a, 'c> {
             self.stack.push(v);
             return Ok(Some(p));
         }
-        if self.inner {
+        if self.inner || other_key {
             // A trace entry inside a dict: the machine decides (a rollback would leave its row).
+            // One with other keys: the machine reads and counts them (`try_record`).
             return Err(Unsupported);
         }
         let row = self.record(&f)?;
@@ -2555,24 +2626,48 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// The decoder's `trace_entry` on the pairs `stack[from..]`: `None` when there is no
     /// `action` key (not a trace entry), `Unsupported` where the decoder would fail.
     fn try_record(&mut self, from: usize) -> R<Option<u32>> {
-        let mut f: [Option<LVal>; 9] = [None; 9];
+        // The fields up to `F_CC` by code, then `pool_id` and `internal_metadata`.
+        let mut f: [Option<LVal>; 11] = [None; 11];
         let mut i = from;
+        let mut unknown: Option<(usize, usize)> = None;
         while i + 1 < self.stack.len() {
             let (k, v) = (self.stack[i], self.stack[i + 1]);
             let field = self.field(k)?;
-            if field <= F_CC {
-                f[field as usize] = Some(v);
+            match field {
+                0..=F_CC => f[field as usize] = Some(v),
+                F_TPOOL => f[9] = Some(v),
+                F_IM => f[10] = Some(v),
+                F_FWD | F_NOT_STR => {}
+                _ => {
+                    unknown.get_or_insert((i, i));
+                    if let Some(u) = unknown.as_mut() {
+                        u.1 = i;
+                    }
+                }
             }
             i += 2;
         }
         if f[F_ACTION as usize].is_none() {
             return Ok(None);
         }
+        // Keys this version does not read: counted by name (the report names them).
+        if let Some((first, last)) = unknown {
+            for j in (first..=last).step_by(2) {
+                if let LVal::Str(k) = self.stack[j] {
+                    if !is_entry_key(self.a.str_field[k as usize]) {
+                        *self
+                            .unknown_keys
+                            .entry(self.a.strs[k as usize])
+                            .or_default() += 1;
+                    }
+                }
+            }
+        }
         self.record(&f).map(Some)
     }
 
     /// A trace record from the values of its keys (indexed by `F_*`); `action` is present.
-    fn record(&mut self, f: &[Option<LVal>; 9]) -> R<u32> {
+    fn record(&mut self, f: &[Option<LVal>; 11]) -> R<u32> {
         let action_value = f[F_ACTION as usize].ok_or(Unsupported)?;
         let LVal::Str(action) = self.deref(action_value)? else {
             return Err(Unsupported);
@@ -2594,6 +2689,8 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames: f[F_FRAMES as usize],
             user_metadata: f[F_UM as usize],
             compile_context: f[F_CC as usize],
+            pool_id: self.pool_pair(f[9])?,
+            internal_metadata: f[10],
         };
         self.push_row(fields)
     }
@@ -2611,6 +2708,7 @@ impl<'a, 'c> Vm<'a, 'c> {
         let frames = self.stack_slot(f.frames)?;
         let user_metadata = self.opt_text(f.user_metadata)?;
         let compile_context = self.opt_text(f.compile_context)?;
+        let internal_metadata = self.opt_text(f.internal_metadata)?;
         let row = self.part.len();
         if row >= NONE_U32 as usize - 1 {
             return Err(Unsupported);
@@ -2626,8 +2724,30 @@ impl<'a, 'c> Vm<'a, 'c> {
             frames: StackId(frames),
             user_metadata,
             compile_context,
+            pool_id: f.pool_id,
+            internal_metadata,
         });
         Ok(row as u32)
+    }
+
+    /// A trace entry's `pool_id` (the decoder's `pool_pair`): a tuple or list of two ints of
+    /// this chunk. Another chunk's tuple (torch writes a fresh one per entry) is left to the
+    /// sequential reader.
+    fn pool_pair(&mut self, v: Option<LVal>) -> R<Option<(i64, i64)>> {
+        let v = match v {
+            None => return Ok(None),
+            Some(v) => self.deref(v)?,
+        };
+        let items: &[LVal] = match v {
+            LVal::None => return Ok(None),
+            LVal::Tuple(t) => self.a.tuple_items(t),
+            LVal::List(l) if !self.a.lists[l as usize].flushed => self.a.list_items(l),
+            _ => return Err(Unsupported),
+        };
+        match *items {
+            [LVal::Int(a), LVal::Int(b)] => Ok(Some((a, b))),
+            _ => Err(Unsupported),
+        }
     }
 
     fn action_of(&mut self, s: u32) -> Action {
@@ -2872,6 +2992,11 @@ impl<'a, 'c> Vm<'a, 'c> {
         self.stack.first().copied().ok_or(Unsupported)
     }
 
+    /// Keys of trace entries that no field reads (the stitch's own count).
+    pub fn unknown_keys(&self) -> impl Iterator<Item = (&&'a str, &u64)> {
+        self.unknown_keys.iter()
+    }
+
     /// Chunk mode: the compact result (what the stitch and the resolution need).
     pub fn finish(mut self, spare: &mut Spare<'a>, stopped: bool) -> R<ChunkOut<'a>> {
         self.flush();
@@ -2930,6 +3055,7 @@ impl<'a, 'c> Vm<'a, 'c> {
             stopped,
             stop_end: None,
             segs: self.segs,
+            unknown_keys: self.unknown_keys,
         })
     }
 

@@ -1,0 +1,91 @@
+//! What a snapshot's format says beyond the memory itself: the accelerator that wrote it, the
+//! 2026 fields it carries (`pool_id`, `annotate`, `user_metadata`, `internal_metadata`), and the
+//! keys and actions this version does not read, counted and named rather than dropped.
+
+use std::collections::BTreeMap;
+
+use crate::report::{NameCount, SnapshotFields};
+use crate::snapshot::{Action, Snapshot};
+
+/// Distinct metadata texts listed.
+const LISTED: usize = 20;
+
+pub fn snapshot_fields(snapshot: &Snapshot) -> SnapshotFields {
+    let mut out = SnapshotFields {
+        accelerator: accelerator(snapshot).to_owned(),
+        unknown_entry_keys: snapshot
+            .unknown_entry_keys
+            .iter()
+            .map(|(name, entries)| NameCount {
+                name: name.clone(),
+                entries: *entries,
+            })
+            .collect(),
+        other_top_level_keys: snapshot.other_top_level_keys.clone(),
+        ..SnapshotFields::default()
+    };
+    let interner = &snapshot.interner;
+    let (mut user, mut internal, mut actions) = (
+        BTreeMap::<String, u64>::new(),
+        BTreeMap::<String, u64>::new(),
+        BTreeMap::<String, u64>::new(),
+    );
+    let traces = snapshot
+        .device_traces
+        .iter()
+        .chain(snapshot.host_trace.as_ref());
+    for trace in traces {
+        for (c, n) in trace.combinations() {
+            out.pool_ids |= c.pool_id.is_some();
+            match c.action {
+                Action::Annotate => out.annotations += n,
+                Action::Other => {
+                    let name = c.action_text.map_or("", |t| interner.get_text(t));
+                    *actions.entry(name.to_owned()).or_default() += n;
+                }
+                _ => {}
+            }
+            // An annotation's metadata is its text (shown with the allocation), not a context.
+            if let Some(m) = c.user_metadata.filter(|_| c.action != Action::Annotate) {
+                let text = interner.get_text(m);
+                if !text.is_empty() {
+                    *user.entry(text.to_owned()).or_default() += n;
+                }
+            }
+            if let Some(m) = c.internal_metadata {
+                *internal.entry(interner.get_text(m).to_owned()).or_default() += n;
+            }
+        }
+    }
+    let listed = |m: BTreeMap<String, u64>| {
+        let mut v: Vec<NameCount> = m
+            .into_iter()
+            .map(|(name, entries)| NameCount { name, entries })
+            .collect();
+        v.sort_by(|a, b| b.entries.cmp(&a.entries).then_with(|| a.name.cmp(&b.name)));
+        v.truncate(LISTED);
+        v
+    };
+    out.user_metadata = listed(user);
+    out.internal_metadata = listed(internal);
+    out.unknown_actions = listed(actions);
+    out
+}
+
+/// `xpu` when the settings are XPU's (only `PYTORCH_ALLOC_CONF` and `expandable_segments`);
+/// `cuda` otherwise (ROCm builds write CUDA's keys and cannot be told apart).
+fn accelerator(snapshot: &Snapshot) -> &'static str {
+    let Some(settings) = &snapshot.allocator_settings else {
+        return "cuda";
+    };
+    match settings.raw.as_object() {
+        Some(o)
+            if o.contains_key("PYTORCH_ALLOC_CONF")
+                && !o.contains_key("PYTORCH_CUDA_ALLOC_CONF")
+                && !o.contains_key("max_split_size") =>
+        {
+            "xpu"
+        }
+        _ => "cuda",
+    }
+}
