@@ -49,10 +49,8 @@ impl UserAnnotations {
                 Action::Alloc => {
                     live.insert(e.addr, i as u32);
                 }
-                Action::FreeCompleted => {
-                    if live.remove(&e.addr).is_none() {
-                        freed_in_window.insert(e.addr);
-                    }
+                Action::FreeCompleted if live.remove(&e.addr).is_none() => {
+                    freed_in_window.insert(e.addr);
                 }
                 Action::Annotate => {
                     out.entries += 1;
