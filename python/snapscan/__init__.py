@@ -170,7 +170,7 @@ def report(path: PathLike | Sequence[PathLike], *, device: int | None = None,
     """Analyse one snapshot (or several: the ranks of one job) and return the JSON report.
 
     This is ``snapscan report --format json PATH...`` (the schema is docs/json-schema.md in the
-    repository): ``{"schema_version": 1, "files": [{"path": ..., "devices": [{"device": 0,
+    repository): ``{"schema_version": 2, "files": [{"path": ..., "devices": [{"device": 0,
     "peak": {...}, "oom": [...], ...}]}], "ranks": ...}``.
 
     Args:

@@ -213,6 +213,26 @@ pub fn call_site(interner: &Interner, stack: StackId) -> Option<String> {
 }
 
 /// The whole stack as shown by the viewers (innermost first), repeated lines collapsed.
+/// Renumbers the `stack_id`s of call-site tables, which hold the interner's stack ids while a
+/// report is built, into a table that holds each stack once; returns the table.
+pub fn stack_table<'a>(
+    interner: &Interner,
+    sites: impl Iterator<Item = &'a mut crate::report::CallSiteBytes>,
+) -> crate::report::StackTable {
+    let mut index: rustc_hash::FxHashMap<u32, u32> = Default::default();
+    let mut table = Vec::new();
+    for s in sites {
+        if let Some(raw) = s.stack_id {
+            let id = *index.entry(raw).or_insert_with(|| {
+                table.push(stack_lines(interner, StackId(raw)));
+                (table.len() - 1) as u32
+            });
+            s.stack_id = Some(id);
+        }
+    }
+    table
+}
+
 pub fn stack_lines(interner: &Interner, stack: StackId) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut repeats = 0usize;

@@ -5,7 +5,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::callsite::{stack_lines, CallSites};
+use super::callsite::{stack_table, CallSites};
 use crate::report::{CallSiteBytes, HostMemory};
 use crate::snapshot::{Action, BlockState, Snapshot, StackId};
 
@@ -106,7 +106,7 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
                 } else {
                     bytes as f64 / total as f64
                 },
-                stack: stack_lines(interner, stack),
+                stack_id: (stack != StackId::EMPTY).then_some(stack.0),
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -125,6 +125,14 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
     } else if before_window > 0 {
         at_peak.push((before_window, StackId::EMPTY));
     }
+    let mut live_at_peak_by_call_site = by_site(&mut at_peak.into_iter(), peak_bytes);
+    let mut held_at_dump_by_call_site = by_site(&mut held.into_iter(), allocated_at_dump);
+    let stacks = stack_table(
+        interner,
+        live_at_peak_by_call_site
+            .iter_mut()
+            .chain(held_at_dump_by_call_site.iter_mut()),
+    );
     Some(HostMemory {
         segments: snapshot.host_segments.len() as u64,
         trace_entries: trace.len() as u64,
@@ -134,7 +142,8 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
         peak_event_index: peak_event,
         peak_time_us: peak_event.and_then(|e| trace.at(e as usize).time_us),
         peak_reserved_bytes: u64::try_from(peak_reserved).unwrap_or(u64::MAX),
-        live_at_peak_by_call_site: by_site(&mut at_peak.into_iter(), peak_bytes),
-        held_at_dump_by_call_site: by_site(&mut held.into_iter(), allocated_at_dump),
+        live_at_peak_by_call_site,
+        held_at_dump_by_call_site,
+        stacks,
     })
 }

@@ -66,9 +66,11 @@ fn read_report_value(path: &Path) -> Result<serde_json::Value, InputError> {
         ))
     })?;
     match value.get("schema_version").and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(SCHEMA_VERSION) => Ok(value),
+        // Version 1 differs only in how call sites carry their stacks, which merging and
+        // diffing do not read.
+        Some(v) if (1..=u64::from(SCHEMA_VERSION)).contains(&v) => Ok(value),
         Some(v) => Err(err(format!(
-            "schema_version {v}: this snapscan reads reports of schema_version {SCHEMA_VERSION}"
+            "schema_version {v}: this snapscan reads reports of schema_version 1 to {SCHEMA_VERSION}"
         ))),
         None => Err(err(
             "no schema_version: not a report written by `snapscan report --format json`".into(),

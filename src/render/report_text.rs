@@ -133,7 +133,12 @@ fn steps_shown(steps: &[StepSummary], peak_step: Option<u32>, top: usize) -> Vec
     shown
 }
 
-fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<Block> {
+fn call_site_table(
+    title: String,
+    sites: &[CallSiteBytes],
+    stacks: &crate::report::StackTable,
+    view: &View,
+) -> Vec<Block> {
     let mut blocks = vec![Block::Table {
         title,
         header: vec!["bytes", "share", "count", "call site"],
@@ -153,15 +158,14 @@ fn call_site_table(title: String, sites: &[CallSiteBytes], view: &View) -> Vec<B
     }];
     if view.stacks {
         for s in sites.iter().take(view.top) {
-            if s.stack.is_empty() {
+            let Some(stack) = s.stack_id.and_then(|i| stacks.get(i as usize)) else {
                 continue;
-            }
+            };
             let mut lines = vec![format!(
                 "stack of the largest allocation from {}:",
                 safe::name(&s.call_site)
             )];
-            let shown = s
-                .stack
+            let shown = stack
                 .iter()
                 .filter(|l| !view.python_only || is_python_frame(l));
             lines.extend(shown.map(|l| format!("    {}", safe::name(l))));
@@ -707,7 +711,15 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         format!(
             "Alive at the peak, by call site ({} of {}, {})",
             dev.live_at_peak_by_call_site.len().min(view.top),
-            counted(dev.live_at_peak_by_call_site.len() as u64, "site", "sites"),
+            counted(
+                dev.live_at_peak_by_call_site.len() as u64
+                    + dev
+                        .live_at_peak_by_call_site_omitted
+                        .as_ref()
+                        .map_or(0, |o| o.count),
+                "site",
+                "sites"
+            ),
             counted(
                 dev.live_at_peak.len() as u64
                     + dev.live_at_peak_omitted.as_ref().map_or(0, |o| o.count),
@@ -716,6 +728,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             )
         ),
         &dev.live_at_peak_by_call_site,
+        &dev.stacks,
         view,
     ));
     out.push(allocation_table(
@@ -759,7 +772,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
                 format_bytes(h.reallocated_state_bytes)
             );
         }
-        out.extend(call_site_table(title, &h.by_call_site, view));
+        out.extend(call_site_table(title, &h.by_call_site, &dev.stacks, view));
         out.push(allocation_table(
             "Largest allocations that held the peak open".to_owned(),
             &h.allocations,
@@ -813,6 +826,7 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         out.extend(call_site_table(
             format!("Alive at the OOM (event {}), by call site", o.event_index),
             &o.live_by_call_site,
+            &dev.stacks,
             view,
         ));
     }

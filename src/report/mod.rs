@@ -13,7 +13,9 @@ use crate::snapshot::Layout;
 pub mod replay;
 pub mod whatif;
 
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: call sites reference their stack by `stack_id` in a table (`stacks`) instead of
+/// carrying it.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Figures of the final allocator state (the dump itself).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +150,9 @@ pub struct HostMemory {
     pub live_at_peak_by_call_site: Vec<CallSiteBytes>,
     /// Still allocated at the dump, by call site.
     pub held_at_dump_by_call_site: Vec<CallSiteBytes>,
+    /// The stacks the two tables reference (`stack_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: StackTable,
 }
 
 /// What the file's format says beyond the memory itself: the accelerator, the 2026 fields it
@@ -385,6 +390,13 @@ pub struct DeviceReport {
     /// Per training step: its peak and the level it started from.
     pub steps: Vec<StepSummary>,
     pub advice: Vec<Advice>,
+    /// The stacks the call-site tables reference (`stack_id`), each once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: StackTable,
+    /// Call sites left out of `live_at_peak_by_call_site` (a default report lists the sites
+    /// that matter; `--full` all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_at_peak_by_call_site_omitted: Option<OmittedSites>,
     /// Every memory pool of the device (the default pool, CUDA-graph pools, MemPools), with
     /// what it holds at the dump and its peak reserved bytes. Absent in reports written before
     /// it existed.
@@ -560,9 +572,15 @@ pub struct CallSiteBytes {
     pub count: u64,
     /// Share of the peak's requested bytes.
     pub share: f64,
-    /// Whole stack of the largest allocation from this site (innermost first), when recorded.
-    pub stack: Vec<String>,
+    /// The stack of the largest allocation from this site: an index into the device's
+    /// `stacks` (each stack once however many tables name it); absent when none was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_id: Option<u32>,
 }
+
+/// Stacks as the call-site tables reference them (`stack_id`), each once: its lines, innermost
+/// first.
+pub type StackTable = Vec<Vec<String>>;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HeldOpen {
@@ -640,6 +658,13 @@ pub struct Oom {
     /// Whether the model, too, found no cached block that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproduced_by_model: Option<bool>,
+}
+
+/// Call sites a capped table left out, summed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OmittedSites {
+    pub count: u64,
+    pub bytes: u64,
 }
 
 /// One memory pool of a device (`analysis::pools`).

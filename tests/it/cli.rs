@@ -135,7 +135,7 @@ fn stats_json_contract() {
         "fixtures/synth/load-oom-2dev.pickle",
     ]);
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], snapscan::report::SCHEMA_VERSION);
     let f = &v["files"][0];
     assert_eq!(f["path"], "fixtures/synth/load-oom-2dev.pickle");
     assert_eq!(f["devices"].as_array().unwrap().len(), 2);

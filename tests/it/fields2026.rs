@@ -140,3 +140,71 @@ fn keys_and_actions_this_version_does_not_read_are_counted_and_named() {
         "{t}"
     );
 }
+
+#[test]
+fn the_default_json_report_of_every_fixture_is_under_a_megabyte() {
+    for path in common::snapshot_fixtures() {
+        let out = common::snapscan()
+            .args(["report", "--format", "json", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.stdout.len() <= 1 << 20,
+            "{}: {} bytes",
+            path.display(),
+            out.stdout.len()
+        );
+    }
+}
+
+#[test]
+fn many_call_sites_with_long_stacks_are_capped_and_each_stack_kept_once() {
+    // 700 call sites alive at the peak, each with a 30-frame C++ stack of long names (a
+    // forward-only dump of this shape gave a 2.4 MB report).
+    use crate::synthetic;
+    let long = "at::native::(anonymous namespace)::structured_addmm_out_cuda_functional::impl(at::Tensor const&, at::Tensor const&, at::Tensor const&, c10::Scalar const&, c10::Scalar const&, at::Tensor const&)";
+    let mut s = synthetic::Snapshot::default();
+    let names: Vec<String> = (0..700).map(|i| format!("layer_{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let mut frames: Vec<(&str, &str)> = vec![("/home/me/model.py", name.as_str())];
+        for _ in 0..29 {
+            frames.push(("??", long));
+        }
+        let stack: synthetic::Stack = Box::leak(frames.into_boxed_slice());
+        s.alloc(1 << 20 | (i as u64) << 9, stack);
+    }
+    let doc = s.json();
+    let path = synthetic::write_json("many-sites.json", &doc);
+    let out = common::snapscan()
+        .args(["report", "--format", "json", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.stdout.len() <= 1 << 20, "{} bytes", out.stdout.len());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dev = &v["files"][0]["devices"][0];
+    let sites = dev["live_at_peak_by_call_site"].as_array().unwrap();
+    assert_eq!(sites.len(), 50);
+    assert_eq!(dev["live_at_peak_by_call_site_omitted"]["count"], 650);
+    // Every listed site names its stack in the table.
+    let stacks = dev["stacks"].as_array().unwrap();
+    for site in sites {
+        let id = site["stack_id"].as_u64().unwrap() as usize;
+        assert!(
+            stacks[id][0].as_str().unwrap().contains("model.py"),
+            "{}",
+            stacks[id][0]
+        );
+    }
+    // --full lists them all.
+    let full = common::snapscan_json(&[
+        "report",
+        "--format",
+        "json",
+        "--full",
+        path.to_str().unwrap(),
+    ]);
+    let all = full["files"][0]["devices"][0]["live_at_peak_by_call_site"]
+        .as_array()
+        .unwrap();
+    assert_eq!(all.len(), 700);
+}

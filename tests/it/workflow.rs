@@ -133,7 +133,7 @@ fn check_fragmentation_is_the_worst_of_the_peak_and_every_oom() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let v = json(&out);
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], snapscan::report::SCHEMA_VERSION);
     assert_eq!(v["passed"], false);
     let viol = &v["violations"][0];
     assert_eq!(viol["budget"], "max-fragmentation");
@@ -226,7 +226,7 @@ fn diff_of_a_regression_fails_on_growth() {
     ]);
     assert_eq!(out.status.code(), Some(1));
     let v = json(&out);
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], snapscan::report::SCHEMA_VERSION);
     assert_eq!(v["failed"], true);
     assert_eq!(v["fail_on_growth"].as_f64(), Some(0.05));
     let d = &v["devices"][0];
@@ -476,7 +476,7 @@ fn merge_combines_json_reports_into_the_rank_table() {
     let out = run(&["merge", "--format", "json", pattern.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0));
     let m: snapscan::report::MergeReport = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(m.schema_version, 1);
+    assert_eq!(m.schema_version, snapscan::report::SCHEMA_VERSION);
     assert_eq!(m.inputs.len(), 2);
     let rows = &m.ranks.rows;
     assert_eq!(rows.len(), 2);
