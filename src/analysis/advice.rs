@@ -244,8 +244,15 @@ pub fn advise(
         }
     }
     if dev.truncated {
+        // The value that would have held the window, when the ring buffer wrapped.
+        let action = match dev.recording.iter().find_map(|g| g.max_entries) {
+            Some(n) => format!(
+                "Record more history: torch.cuda.memory._record_memory_history(max_entries={n})"
+            ),
+            None => "Record more history: torch.cuda.memory._record_memory_history(max_entries=…) larger than now".to_owned(),
+        };
         out.push(advice(
-            "Record more history: torch.cuda.memory._record_memory_history(max_entries=…) larger than now",
+            &action,
             format!(
                 "the trace starts mid-run ({} of earlier allocations), so what happened before the window is only partly known",
                 crate::units::counted(dev.window.unmatched_frees, "free", "frees")

@@ -16,6 +16,7 @@ pub mod merge;
 pub mod phase;
 pub mod pools;
 pub mod quality;
+pub mod recording;
 pub mod report;
 pub mod stats;
 pub mod summary;

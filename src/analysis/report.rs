@@ -1280,12 +1280,14 @@ fn device_report_with(
         phases_at_peak,
         steps,
         advice: Vec::new(),
+        recording: Vec::new(),
         stacks: Vec::new(),
         live_at_peak_by_call_site_omitted: None,
         pools: super::pools::pools_of(snapshot, device, &replay.segment_events),
         notes,
         data_quality: Vec::new(),
     };
+    report.recording = super::recording::recording_gaps(snapshot, &report);
     report.advice = super::advice::advise(
         &report,
         snapshot

@@ -564,6 +564,20 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         format_bytes(dev.final_state.requested_bytes),
     );
     out.push(Block::Para(window));
+    if !dev.recording.is_empty() {
+        out.push(Block::Para("Why this snapshot says little:".to_owned()));
+        out.push(Block::Items(
+            dev.recording
+                .iter()
+                .map(|g| {
+                    (
+                        format!("{} ({})", capitalized(&g.what), g.kind),
+                        vec![format!("Record it: {}", g.fix)],
+                    )
+                })
+                .collect(),
+        ));
+    }
 
     // 3. What to change first, then where the memory went.
     if !dev.advice.is_empty() {
@@ -838,6 +852,15 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         out.push(Block::Para(format!("Note: {n}")));
     }
     out
+}
+
+/// `s` with its first letter upper-case.
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
 }
 
 /// The pool's name as the text shows it: its kind, its id and, when given, its name.
@@ -1320,7 +1343,12 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         if file.devices.is_empty() {
             blocks.push(Block::Heading(safe::name(&file.path)));
             blocks.push(Block::Para(
-                "No segments and no trace: nothing to report.".into(),
+                "No segments and no trace: nothing to report. Either recording started after \
+                 the allocations were freed, or the dump came after torch.cuda.empty_cache() \
+                 (which returns every cached segment to the driver). Record with \
+                 torch.cuda.memory._record_memory_history(max_entries=100000) before the work \
+                 and call torch.cuda.memory._dump_snapshot(path) before any empty_cache()."
+                    .into(),
             ));
         }
         for dev in &file.devices {

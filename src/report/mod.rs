@@ -390,6 +390,9 @@ pub struct DeviceReport {
     /// Per training step: its peak and the level it started from.
     pub steps: Vec<StepSummary>,
     pub advice: Vec<Advice>,
+    /// Why the snapshot says little, each with the call that records what is missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recording: Vec<RecordingGap>,
     /// The stacks the call-site tables reference (`stack_id`), each once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: StackTable,
@@ -658,6 +661,20 @@ pub struct Oom {
     /// Whether the model, too, found no cached block that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproduced_by_model: Option<bool>,
+}
+
+/// What a snapshot's recording left out (`analysis::recording`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecordingGap {
+    /// `no_trace`, `state_only`, `ring_buffer_wrapped`, `late_start`, `no_stacks`,
+    /// `no_python_frames`.
+    pub kind: String,
+    pub what: String,
+    /// The exact call that records what is missing.
+    pub fix: String,
+    /// For `ring_buffer_wrapped`: the `max_entries` suggested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<u64>,
 }
 
 /// Call sites a capped table left out, summed.

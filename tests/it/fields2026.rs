@@ -208,3 +208,71 @@ fn many_call_sites_with_long_stacks_are_capped_and_each_stack_kept_once() {
         .unwrap();
     assert_eq!(all.len(), 700);
 }
+
+/// The recording gaps of device 0 of a fixture: (kind, fix).
+fn gaps(rel: &str) -> Vec<(String, String, Option<u64>)> {
+    let r = report(rel);
+    r["files"][0]["devices"][0]["recording"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|g| {
+                    (
+                        g["kind"].as_str().unwrap().to_owned(),
+                        g["fix"].as_str().unwrap().to_owned(),
+                        g["max_entries"].as_u64(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn why_a_snapshot_says_little_with_the_call_that_records_it() {
+    // Captured with max_entries=2000: the ring buffer wrapped; a larger value is named.
+    let g = gaps("captured/multistream_truncated.pickle");
+    assert_eq!(g[0].0, "ring_buffer_wrapped");
+    assert!(g[0].2.unwrap() > 2000);
+    assert!(
+        g[0].1.contains("_record_memory_history(max_entries="),
+        "{}",
+        g[0].1
+    );
+    // The simulator's ring buffer of 1,500 entries.
+    assert_eq!(gaps("synth/truncated.pickle")[0].0, "ring_buffer_wrapped");
+    // A state-only recording (one entry).
+    let g = gaps("real/Yiyi-philosophy__LLM-inference__1.3b_snapshot.pickle");
+    assert_eq!(g[0].0, "state_only");
+    assert!(g[0].1.contains("enabled=\"all\""));
+    // context=None.
+    let g = gaps("diagnosis/train-oom-stacks-none.pickle");
+    assert!(
+        g.iter()
+            .any(|(k, f, _)| k == "no_stacks" && f.contains("context=\"all\"")),
+        "{g:?}"
+    );
+    // Recording started after the model was loaded (227 weights have no event at all).
+    assert_eq!(
+        gaps("real/MAGMA27__assignment2-systems__memory_snapshot.pickle")[0].0,
+        "late_start"
+    );
+    // A whole recording says nothing of the kind.
+    assert!(gaps("torch215/training-2026.pickle").is_empty());
+    // Segments but no trace: history was never recorded.
+    let doc = serde_json::json!({
+        "segments": [{"device": 0, "address": 1u64 << 40, "total_size": 2097152,
+                      "allocated_size": 512, "active_size": 512, "requested_size": 500,
+                      "stream": 0, "segment_type": "small", "segment_pool_id": [0, 0],
+                      "is_expandable": false, "frames": [],
+                      "blocks": [{"address": 1u64 << 40, "size": 512, "requested_size": 500,
+                                  "state": "active_allocated", "frames": []},
+                                 {"address": (1u64 << 40) + 512, "size": 2097152 - 512,
+                                  "requested_size": 0, "state": "inactive", "frames": []}]}],
+        "device_traces": [[]],
+    });
+    let r = crate::synthetic::report_of_json("no-trace.json", &doc);
+    let g = &r.devices[0].recording;
+    assert_eq!(g[0].kind, "no_trace");
+    assert!(g[0].fix.contains("_record_memory_history("));
+}
