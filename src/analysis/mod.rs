@@ -11,6 +11,7 @@ pub mod fields;
 pub mod headline;
 pub mod host;
 pub mod layout;
+pub mod leaks;
 pub mod lifetimes;
 pub mod merge;
 pub mod phase;

@@ -768,6 +768,12 @@ fn finish_call_sites(report: &mut DeviceReport, snapshot: &Snapshot, options: &R
                 .oom
                 .iter_mut()
                 .flat_map(|o| o.live_by_call_site.iter_mut()),
+        )
+        .chain(
+            report
+                .step_growth
+                .iter_mut()
+                .flat_map(|g| g.kept_into_later_steps_by_call_site.iter_mut()),
         );
     report.stacks = super::callsite::stack_table(&snapshot.interner, tables);
 }
@@ -1215,6 +1221,7 @@ fn device_report_with(
         notes.push(format!("phases unknown: {reason}"));
     }
     let steps = step_summaries(replay, &phases);
+    let step_growth = super::leaks::step_growth(replay, &steps, &describe.sites);
 
     let mut report = DeviceReport {
         device,
@@ -1281,6 +1288,7 @@ fn device_report_with(
         steps,
         advice: Vec::new(),
         recording: Vec::new(),
+        step_growth,
         stacks: Vec::new(),
         live_at_peak_by_call_site_omitted: None,
         pools: super::pools::pools_of(snapshot, device, &replay.segment_events),

@@ -660,10 +660,13 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
         }
     }
     if dev.steps.len() > 1 {
-        let growing = dev
-            .steps
-            .windows(2)
-            .all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes);
+        let growing = match &dev.step_growth {
+            Some(g) => g.verdict == "growing",
+            None => dev
+                .steps
+                .windows(2)
+                .all(|w| w[1].start_requested_bytes > w[0].start_requested_bytes),
+        };
         let growth = dev.steps.last().map_or(0, |l| l.start_requested_bytes)
             - dev.steps.first().map_or(0, |f| f.start_requested_bytes);
         let rows_for_steps = if view.full { usize::MAX } else { view.top };
@@ -718,6 +721,33 @@ fn device_blocks(file: &FileReport, dev: &DeviceReport, view: &View) -> Vec<Bloc
             right: vec![true, false, true, true, true],
             rows,
         });
+        if let Some(g) = &dev.step_growth {
+            out.push(Block::Para(if g.verdict == "growing" {
+                format!(
+                    "Across steps: GROWING — from step 1 on, the memory alive at the start of each \
+                     step rose every step, {} in all: something keeps what a step allocated.",
+                    bytes(g.growth_from_second_step_bytes)
+                )
+            } else {
+                format!(
+                    "Across steps: steady — from step 1 on, the memory alive at the start of a step \
+                     does not rise every step ({} from step 1 to the last; a rise under {} a \
+                     step counts as steady).",
+                    bytes(g.growth_from_second_step_bytes),
+                    format_bytes(g.noise_bytes.unsigned_abs())
+                )
+            }));
+            if !g.kept_into_later_steps_by_call_site.is_empty() {
+                out.extend(call_site_table(
+                    "Allocated in one step and not freed by the next (in two steps or more), by \
+                     call site"
+                        .to_owned(),
+                    &g.kept_into_later_steps_by_call_site,
+                    &dev.stacks,
+                    view,
+                ));
+            }
+        }
     }
 
     // 4. What was alive at the peak.

@@ -390,6 +390,10 @@ pub struct DeviceReport {
     /// Per training step: its peak and the level it started from.
     pub steps: Vec<StepSummary>,
     pub advice: Vec<Advice>,
+    /// Growth across training steps (three or more steps): steady or growing, and what steps
+    /// keep into later ones. Absent with fewer steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_growth: Option<StepGrowth>,
     /// Why the snapshot says little, each with the call that records what is missing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recording: Vec<RecordingGap>,
@@ -661,6 +665,22 @@ pub struct Oom {
     /// Whether the model, too, found no cached block that fits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reproduced_by_model: Option<bool>,
+}
+
+/// Growth across training steps (`analysis::leaks`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepGrowth {
+    /// `growing` (the level at the start of each step rose by more than `noise_bytes` every
+    /// step from the second on) or `steady`.
+    pub verdict: String,
+    /// Requested bytes alive at the start of each step, in order.
+    pub start_levels: Vec<i64>,
+    /// Last step's starting level less the second step's.
+    pub growth_from_second_step_bytes: i64,
+    pub noise_bytes: i64,
+    /// Call sites of what a step (from the second on) allocated and the next step did not
+    /// free, seen in two steps or more; `share` is of all such bytes.
+    pub kept_into_later_steps_by_call_site: Vec<CallSiteBytes>,
 }
 
 /// What a snapshot's recording left out (`analysis::recording`).

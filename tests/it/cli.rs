@@ -76,7 +76,7 @@ fn a_long_steps_table_keeps_the_rows_asked_for_and_the_json_every_step() {
         let section: Vec<&str> = text
             .lines()
             .skip_while(|l| !l.starts_with("Training steps"))
-            .take_while(|l| !l.starts_with("Alive at the peak"))
+            .take_while(|l| !l.starts_with("Alive at the peak") && !l.starts_with("Across steps"))
             .collect();
         let rows = section
             .iter()

@@ -787,3 +787,62 @@ fn a_forward_with_neither_training_nor_eval_evidence_is_not_a_confident_guess() 
         o.phase_evidence
     );
 }
+
+/// One training step with stacks: a forward of 10 activations freed by the backward, a loss
+/// the loop keeps (`losses.append(loss)`, with its graph's last activation) when `leak`, a
+/// gradient and the optimizer's annotated step.
+fn training_step(s: &mut synthetic::Snapshot, leak: bool) {
+    const MIB: u64 = 1 << 20;
+    const KEEP: synthetic::Stack = &[
+        ("/home/me/train.py", "compute_loss"),
+        ("/home/me/train.py", "train_step"),
+        ("/home/me/train.py", "main"),
+    ];
+    let acts: Vec<u64> = (0..10)
+        .map(|_| s.alloc(40 * MIB, synthetic::FORWARD))
+        .collect();
+    let loss = s.alloc(24 * MIB, KEEP);
+    let grad = s.alloc(8 * MIB, synthetic::BACKWARD_CALL);
+    for a in acts {
+        s.free(a, synthetic::BACKWARD_CALL);
+    }
+    if !leak {
+        s.free(loss, synthetic::BACKWARD_CALL);
+    }
+    s.annotate("Optimizer.step#Adam.step", "START");
+    let tmp = s.alloc(4 * MIB, synthetic::ADAM_UPDATE);
+    s.free(tmp, synthetic::ADAM_UPDATE);
+    s.annotate("Optimizer.step#Adam.step", "END");
+    s.annotate("Optimizer.zero_grad#Adam.zero_grad", "START");
+    s.free(grad, synthetic::ZERO_GRAD);
+    s.annotate("Optimizer.zero_grad#Adam.zero_grad", "END");
+}
+
+#[test]
+fn growth_across_steps_names_what_each_step_keeps_and_a_steady_run_is_steady() {
+    let mut s = synthetic::Snapshot::default();
+    for _ in 0..6 {
+        training_step(&mut s, true);
+    }
+    let dev = s.report("leaking-loop.json");
+    let g = dev.step_growth.as_ref().expect("steps");
+    assert_eq!(g.verdict, "growing", "{:?}", g.start_levels);
+    let site = &g.kept_into_later_steps_by_call_site[0];
+    assert!(
+        site.call_site.contains("train.py:1:compute_loss"),
+        "{}",
+        site.call_site
+    );
+    assert_eq!(
+        site.count, 4,
+        "steps 1-4 each keep their loss into the next"
+    );
+    let mut s = synthetic::Snapshot::default();
+    for _ in 0..6 {
+        training_step(&mut s, false);
+    }
+    let dev = s.report("steady-loop.json");
+    let g = dev.step_growth.as_ref().expect("steps");
+    assert_eq!(g.verdict, "steady", "{:?}", g.start_levels);
+    assert!(g.kept_into_later_steps_by_call_site.is_empty());
+}
