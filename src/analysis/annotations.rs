@@ -29,6 +29,14 @@ impl UserAnnotations {
     pub fn of(snapshot: &Snapshot, device: i64) -> UserAnnotations {
         let trace = snapshot.trace(device);
         let mut out = UserAnnotations::default();
+        // Most traces have none: their few shared combinations say so without a pass.
+        if !trace
+            .distinct_combinations()
+            .iter()
+            .any(|c| c.action == Action::Annotate)
+        {
+            return out;
+        }
         let mut addresses: FxHashSet<u64> = FxHashSet::default();
         trace.for_each_core(0..trace.len(), |_, e| {
             if e.action == Action::Annotate {

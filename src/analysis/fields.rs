@@ -35,6 +35,17 @@ pub fn snapshot_fields(snapshot: &Snapshot) -> SnapshotFields {
         .iter()
         .chain(snapshot.host_trace.as_ref());
     for trace in traces {
+        // Counting entries takes a pass over the rows: only when something is to be counted.
+        let counted = trace.distinct_combinations().iter().any(|c| {
+            c.pool_id.is_some()
+                || c.internal_metadata.is_some()
+                || matches!(c.action, Action::Annotate | Action::Other)
+                || c.user_metadata
+                    .is_some_and(|m| !interner.get_text(m).is_empty())
+        });
+        if !counted {
+            continue;
+        }
         for (c, n) in trace.combinations() {
             out.pool_ids |= c.pool_id.is_some();
             match c.action {

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
+use super::lifetimes::DeviceReplay;
 use crate::report::PoolReport;
 use crate::snapshot::{Action, BlockState, Interner, Snapshot, StackId};
 
@@ -81,15 +82,22 @@ struct Acc {
     name: Option<String>,
 }
 
-/// Every pool of `device` with what it holds at the dump and its peak reserved bytes over the
-/// window. One pass over the trace; pools are few.
-pub fn pools_of(snapshot: &Snapshot, device: i64, segment_events: &[u32]) -> Vec<PoolReport> {
-    let mut pools: BTreeMap<PoolId, Acc> = BTreeMap::new();
-    let mut pool_by_segment: FxHashMap<u64, PoolId> = FxHashMap::default();
+/// What each pool of a device holds at the dump, and the pool of each segment: one pass
+/// over the dump's blocks (millions in a big dump), made beside the replay.
+#[derive(Default)]
+pub struct AtDump {
+    pools: BTreeMap<PoolId, Acc>,
+    pool_by_segment: FxHashMap<u64, PoolId>,
+}
+
+pub fn at_dump(snapshot: &Snapshot, device: i64) -> AtDump {
+    let mut out = AtDump::default();
     for s in snapshot.segments_of(device) {
         let id = s.pool_id.unwrap_or(DEFAULT_POOL);
-        pool_by_segment.insert(s.address, id);
-        let acc = pools.entry(id).or_default();
+        if id != DEFAULT_POOL {
+            out.pool_by_segment.insert(s.address, id);
+        }
+        let acc = out.pools.entry(id).or_default();
         acc.reserved = acc.reserved.saturating_add(s.total_size);
         acc.allocated = acc.allocated.saturating_add(s.allocated_size);
         acc.segments += 1;
@@ -99,14 +107,54 @@ pub fn pools_of(snapshot: &Snapshot, device: i64, segment_events: &[u32]) -> Vec
                 acc.largest_free = acc.largest_free.max(b.size);
             }
         }
-        if acc.hint == FrameHint::Nothing {
+        if id != DEFAULT_POOL && acc.hint == FrameHint::Nothing {
             acc.hint = frame_hint(&snapshot.interner, s.frames);
         }
     }
+    out
+}
+
+/// Every pool of `device` with what it holds at the dump and its peak reserved bytes over the
+/// window. Pools are few; without private pools the replay's reserved curve is the default
+/// pool's, else one pass over the segment events.
+pub fn pools_of(
+    snapshot: &Snapshot,
+    device: i64,
+    replay: &DeviceReplay,
+    at_dump: AtDump,
+) -> Vec<PoolReport> {
+    let segment_events = &replay.segment_events;
+    let AtDump {
+        mut pools,
+        pool_by_segment,
+    } = at_dump;
     let trace = snapshot.trace(device);
     let interner = &snapshot.interner;
     // Names: the metadata the pool's entries ran under (the trace's few combinations).
-    for (c, _) in trace.combinations() {
+    let combinations = trace.distinct_combinations();
+    let one_pool = pools.keys().all(|&id| id == DEFAULT_POOL)
+        && combinations
+            .iter()
+            .all(|c| c.pool_id.is_none_or(|p| p == DEFAULT_POOL));
+    if one_pool {
+        // The default pool alone: its peak is the device's (the replay's reserved curve); a
+        // pass over the segment events would only find it again.
+        let acc = pools.entry(DEFAULT_POOL).or_default();
+        return vec![PoolReport {
+            pool_id: [0, 0],
+            kind: "default".to_owned(),
+            name: None,
+            segments: acc.segments,
+            reserved_bytes: acc.reserved,
+            allocated_bytes: acc.allocated,
+            free_bytes: acc.free,
+            largest_free_block_bytes: acc.largest_free,
+            peak_reserved_bytes: u64::try_from(replay.reserved.peak().0)
+                .unwrap_or(0)
+                .max(acc.reserved),
+        }];
+    }
+    for c in combinations {
         let (Some(id), Some(m)) = (c.pool_id, c.user_metadata) else {
             continue;
         };

@@ -701,7 +701,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     let mut timer = crate::timing::Timer::new();
     // The replay reads the trace in order, on one core; the others find phases, summarize
     // the trace and run the checks that need no replay.
-    let (replay, (phases, (summary, checks, dump))) = rayon::join(
+    let (replay, (phases, (summary, checks, (dump, pools)))) = rayon::join(
         || replay_device(snapshot, device),
         || {
             rayon::join(
@@ -711,7 +711,8 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
                     let checks = super::quality::trace_checks(snapshot, device, &summary);
                     // The dump's sums need no replay either (the replay takes longer).
                     let dump = final_state(snapshot.segments_of(device));
-                    (summary, checks, dump)
+                    let pools = super::pools::at_dump(snapshot, device);
+                    (summary, checks, (dump, pools))
                 },
             )
         },
@@ -720,7 +721,17 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
     // The allocator model runs only where there is an OOM to explain, beside the rest.
     let (detailed, _) = ooms_detailed(snapshot.trace(device), &summary.ooms);
     let (mut report, sim) = rayon::join(
-        || device_report_with(snapshot, device, options, &replay, phases, &summary, dump),
+        || {
+            device_report_with(
+                snapshot,
+                device,
+                options,
+                &replay,
+                phases,
+                &summary,
+                (dump, pools),
+            )
+        },
         || (!detailed.is_empty()).then(|| allocator_at_ooms(snapshot, device, detailed.clone())),
     );
     if let Some(sim) = sim {
@@ -846,7 +857,7 @@ fn device_report_with(
     replay: &DeviceReplay,
     mut phases: Phases,
     summary: &super::summary::TraceSummary,
-    dump: FinalState,
+    (dump, pools_at_dump): (FinalState, super::pools::AtDump),
 ) -> DeviceReport {
     let trace = snapshot.trace(device);
     phases.fill_by_step_position(trace, &replay.requested);
@@ -1291,7 +1302,7 @@ fn device_report_with(
         step_growth,
         stacks: Vec::new(),
         live_at_peak_by_call_site_omitted: None,
-        pools: super::pools::pools_of(snapshot, device, &replay.segment_events),
+        pools: super::pools::pools_of(snapshot, device, replay, pools_at_dump),
         notes,
         data_quality: Vec::new(),
     };

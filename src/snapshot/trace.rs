@@ -478,6 +478,28 @@ impl Trace {
         self.len == 0
     }
 
+    /// The distinct combinations of what entries share (their parts' tables: a few per part,
+    /// whatever the trace's length; entries of a part outside the trace's rows may count).
+    pub fn distinct_combinations(&self) -> Vec<Combination> {
+        let mut seen: rustc_hash::FxHashSet<Combination> = Default::default();
+        let mut parts: rustc_hash::FxHashSet<*const Part> = Default::default();
+        for s in &self.slices {
+            if !parts.insert(Arc::as_ptr(&s.part)) {
+                continue;
+            }
+            seen.extend(s.part.metas.iter().map(|m| Combination {
+                action: m.action,
+                action_text: m.action_text,
+                pool_id: m.pool_id,
+                user_metadata: m.user_metadata,
+                internal_metadata: m.internal_metadata,
+            }));
+        }
+        let mut v: Vec<Combination> = seen.into_iter().collect();
+        v.sort();
+        v
+    }
+
     /// How many entries have each distinct combination of what entries share (action, its
     /// text when unknown, pool id, user and internal metadata): one pass over the rows' small
     /// metadata ids, most entries first.
