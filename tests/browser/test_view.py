@@ -246,3 +246,19 @@ def test_every_fixture_opens_without_errors(browser, work):
         assert [m for m in o.console if m[0] == "error"] == [], path
         assert o.requests == [o.url], path
         o.close()
+
+
+def test_an_annotation_is_found_by_search_and_shown_in_the_details(browser, work):
+    import os
+
+    out = os.path.join(work, "annotated.html")
+    run("view", fixture("torch215", "training-2026.pickle"), "-o", out)
+    o = Opened(browser, out)
+    page = o.page
+    page.fill("input[type=search]", "kv cache")
+    page.wait_for_function("() => window.snapscan.panel().search() !== null")
+    found = o.api("p.search()")
+    assert found["count"] == 1
+    assert "1 allocations match" in page.locator(".search-info").inner_text()
+    assert not o.errors
+    o.close()

@@ -276,3 +276,17 @@ fn every_fixture_gives_a_decodable_page() {
         }
     }
 }
+
+#[test]
+fn the_page_carries_the_user_s_annotation_on_its_allocation() {
+    let path = "fixtures/torch215/training-2026.pickle";
+    let blob = Blob::of(&view(&[path]));
+    let h = blob.device(0);
+    let notes = h["annotations"].as_array().unwrap();
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0][1], "kv cache");
+    // The row is the annotated allocation: 32 MiB requested.
+    let row = notes[0][0].as_u64().unwrap() as usize;
+    let req = blob.column(0, "req", false);
+    assert_eq!(req[row], 32 << 20);
+}

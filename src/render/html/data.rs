@@ -233,8 +233,18 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
     let mut pend = Col::with_capacity(count);
     let (mut last_birth, mut last_addr) = (0u64, 0u64);
     let mut categories_present = [false; Category::ALL.len()];
-    for &(b, i) in &rows {
+    // The user's `_annotate_tensor` texts, by row (few: the page lists them sparsely).
+    let mut annotations: Vec<Value> = Vec::new();
+    for (row, &(b, i)) in rows.iter().enumerate() {
         let a = &all[i];
+        let texts = categorizer.annotations.of_allocation(a);
+        if !texts.is_empty() {
+            let texts: Vec<&str> = texts
+                .iter()
+                .map(|&t| snapshot.interner.get_text(t))
+                .collect();
+            annotations.push(json!([row, texts.join("; ")]));
+        }
         let end = a.free_event.map_or(n as u64 + 1, |f| u64::from(f) + 1);
         birth.u(b - last_birth);
         last_birth = b;
@@ -385,6 +395,7 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
             "event": reserved_peak_event,
         },
         "starts_mid_run": replay.starts_mid_run(),
+        "annotations": annotations,
         "ooms": ooms,
         "phases": intervals,
         "phases_unknown_reason": phases.unknown_reason,

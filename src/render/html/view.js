@@ -140,6 +140,8 @@
       for (let i = 0; i < N; i++) { const z = blk[i]; blk[i] = req[i] + (z % 2 === 0 ? z / 2 : -(z + 1) / 2); }
       this.addr = col('addr', N, Float64Array, 2);
       this.stack = col('stack', N, Uint32Array);
+      // The user's annotations (_annotate_tensor), by allocation.
+      this.annotation = new Map((h.annotations || []).map(([i, text]) => [i, text]));
       this.stream = col('stream', N, Uint32Array);
       const pend = (this.pend = col('pend', N, Uint32Array));
       for (let i = 0; i < N; i++) if (pend[i]) pend[i] = end[i] - pend[i] + 1;
@@ -527,8 +529,10 @@
       this.matchAlloc = new Uint8Array(this.N);
       let count = 0, bytes = 0;
       const siteBytes = new Map();
+      const annotated = new Set();
+      for (const [i, text] of this.annotation) if (text.toLowerCase().includes(q)) annotated.add(i);
       for (let i = 0; i < this.N; i++) {
-        if (this.match[this.stack[i]]) {
+        if (this.match[this.stack[i]] || annotated.has(i)) {
           this.matchAlloc[i] = 1; count++; bytes += this.req[i];
           const s = this.h.stack_site[this.stack[i]];
           siteBytes.set(s, (siteBytes.get(s) || 0) + this.req[i]);
@@ -575,7 +579,7 @@
       this.modeSel = el('select', { 'aria-label': 'colour by', onchange: () => { this.modeName = this.modeSel.value; this.draw(); this.drawSegments(); } },
         el('option', { value: 'category', text: 'category' }), el('option', { value: 'phase', text: 'phase of birth' }), el('option', { value: 'site', text: 'call site' }));
       this.modeSel.value = this.modeName;
-      this.searchBox = el('input', { type: 'search', placeholder: 'search call site, file or function', 'aria-label': 'search', size: '36' });
+      this.searchBox = el('input', { type: 'search', placeholder: 'search call site, file, function or annotation', 'aria-label': 'search', size: '36' });
       let timer = 0;
       this.searchBox.addEventListener('input', () => { clearTimeout(timer); timer = setTimeout(() => this.runSearch(), 150); });
       this.searchInfo = el('span', { class: 'muted search-info' });
@@ -1048,6 +1052,7 @@
           row('born', born), row('freed', died),
           row('alive for', d.end[a] > d.n ? fmtInt(d.n + 1 - d.birth[a]) + '+ states' : fmtInt(d.end[a] - d.birth[a]) + ' events'),
           row('category', L.categories[d.cat[a]] + ' (confidence ' + L.confidences[d.conf[a]] + ')'),
+          ...(d.annotation.has(a) ? [row('annotation', d.annotation.get(a))] : []),
           row('address', hex(d.addr[a]) + ', stream ' + h.streams[d.stream[a]])));
       const st = h.stacks[d.stack[a]];
       if (!st.length) box.append(el('p', { class: 'muted', text: d.origin[a] === 1 ? 'No stack: the allocation predates the trace window.' : 'No stack recorded.' }));
