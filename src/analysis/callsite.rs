@@ -212,9 +212,133 @@ pub fn call_site(interner: &Interner, stack: StackId) -> Option<String> {
     })
 }
 
-/// The whole stack as shown by the viewers (innermost first), repeated lines collapsed.
+/// Whose code a frame is: the user's, a third-party package's (site-packages, dist-packages),
+/// or the runtime's (torch, C++, CPython and its standard library).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameClass {
+    User,
+    Package,
+    Runtime,
+}
+
+impl FrameClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameClass::User => "user",
+            FrameClass::Package => "package",
+            FrameClass::Runtime => "runtime",
+        }
+    }
+}
+
+/// The package folder a file lies in (`transformers` for
+/// `…/site-packages/transformers/models/llama/modeling_llama.py`).
+fn package_of(filename: &str) -> Option<String> {
+    let f = filename.replace('\\', "/");
+    let rest = ["site-packages/", "dist-packages/"]
+        .iter()
+        .find_map(|m| f.rfind(m).map(|i| f[i + m.len()..].to_owned()))?;
+    let first = rest.split('/').next().unwrap_or(&rest);
+    Some(first.trim_end_matches(".py").to_owned())
+}
+
+pub fn frame_class(name: &str, filename: &str) -> FrameClass {
+    let f = filename.replace('\\', "/");
+    if is_native(name, filename) || is_torch_internal(filename) || f.starts_with('<') {
+        return FrameClass::Runtime;
+    }
+    if package_of(filename).is_some() {
+        return FrameClass::Package;
+    }
+    // CPython's standard library (`/usr/lib/python3.12/threading.py`).
+    let stdlib = f.split('/').any(|p| {
+        p.strip_prefix("python3.")
+            .is_some_and(|v| v.chars().all(|c| c.is_ascii_digit()))
+    }) && f.contains("/lib/");
+    if stdlib {
+        FrameClass::Runtime
+    } else {
+        FrameClass::User
+    }
+}
+
+/// `torch/nn/functional.py` + `linear` → `torch.nn.functional.linear`.
+fn torch_function(filename: &str, name: &str) -> String {
+    let f = filename.replace('\\', "/");
+    let from = f.rfind("/torch/").map_or(0, |i| i + 1);
+    let module = f[from..]
+        .trim_end_matches(".py")
+        .trim_end_matches("/__init__")
+        .replace('/', ".");
+    format!("{module}.{name}")
+}
+
+/// The path a call site's code took to the allocation ([`code_path`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CodePath {
+    /// Whose code the call site frame is (`user`, `package`, `runtime`).
+    pub class: Option<FrameClass>,
+    /// The innermost frame of the user's code (`file:line:function`); `None` when the whole
+    /// stack is packages and runtime (a library's loop).
+    pub your_code: Option<String>,
+    /// The packages the allocation went through below the user's code, outermost first, and
+    /// the innermost torch function: `transformers → torch.nn.functional.linear`.
+    pub via: Option<String>,
+}
+
+/// Whose code allocated, and through what: frames sorted into the user's code, packages and
+/// the runtime.
+pub fn code_path(interner: &Interner, stack: StackId) -> CodePath {
+    let frames = interner.get_stack(stack);
+    let mut out = CodePath::default();
+    let mut torch_fn: Option<String> = None;
+    let mut packages: Vec<String> = Vec::new();
+    for &id in frames {
+        let f = interner.get_frame(id);
+        let (name, filename) = (interner.get_text(f.name), interner.get_text(f.filename));
+        if !viewer_shows(name, filename) || is_machinery(name, filename) {
+            continue;
+        }
+        let class = frame_class(name, filename);
+        match class {
+            FrameClass::Runtime => {
+                if torch_fn.is_none() && is_torch_internal(filename) && !is_native(name, filename) {
+                    torch_fn = Some(torch_function(filename, name));
+                }
+            }
+            FrameClass::Package => {
+                if out.class.is_none() {
+                    out.class = Some(FrameClass::Package);
+                }
+                if let Some(p) = package_of(filename) {
+                    if packages.last() != Some(&p) {
+                        packages.push(p);
+                    }
+                }
+            }
+            FrameClass::User => {
+                out.class.get_or_insert(FrameClass::User);
+                out.your_code = Some(format_frame(interner, f));
+                break;
+            }
+        }
+    }
+    if out.class.is_none() && !frames.is_empty() {
+        out.class = Some(FrameClass::Runtime);
+    }
+    // Outermost first.
+    packages.reverse();
+    let mut via: Vec<String> = packages;
+    via.extend(torch_fn);
+    if !via.is_empty() {
+        out.via = Some(via.join(" → "));
+    }
+    out
+}
+
 /// Renumbers the `stack_id`s of call-site tables, which hold the interner's stack ids while a
-/// report is built, into a table that holds each stack once; returns the table.
+/// report is built, into a table that holds each stack once, and says whose code each site is
+/// ([`code_path`] of its stack); returns the table.
 pub fn stack_table<'a>(
     interner: &Interner,
     sites: impl Iterator<Item = &'a mut crate::report::CallSiteBytes>,
@@ -223,6 +347,10 @@ pub fn stack_table<'a>(
     let mut table = Vec::new();
     for s in sites {
         if let Some(raw) = s.stack_id {
+            let path = code_path(interner, StackId(raw));
+            s.code = path.class.map(|c| c.name().to_owned());
+            s.your_code = path.your_code;
+            s.via = path.via;
             let id = *index.entry(raw).or_insert_with(|| {
                 table.push(stack_lines(interner, StackId(raw)));
                 (table.len() - 1) as u32
@@ -233,6 +361,7 @@ pub fn stack_table<'a>(
     table
 }
 
+/// The whole stack as shown by the viewers (innermost first), repeated lines collapsed.
 pub fn stack_lines(interner: &Interner, stack: StackId) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
     let mut repeats = 0usize;
@@ -289,6 +418,98 @@ impl<'a> CallSites<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_are_the_user_s_a_package_s_or_the_runtime_s() {
+        use FrameClass::*;
+        let c = |f: &str, n: &str| frame_class(n, f);
+        assert_eq!(c("/home/me/model.py", "forward"), User);
+        assert_eq!(c("C:\\work\\train.py", "main"), User);
+        assert_eq!(
+            c(
+                "/venv/lib/python3.11/site-packages/transformers/trainer.py",
+                "train"
+            ),
+            Package
+        );
+        assert_eq!(
+            c(
+                "/usr/lib/python3/dist-packages/einops/_backends.py",
+                "einsum"
+            ),
+            Package
+        );
+        assert_eq!(
+            c(
+                "/venv/lib/python3.11/site-packages/torch/nn/functional.py",
+                "linear"
+            ),
+            Runtime
+        );
+        assert_eq!(c("/usr/lib/python3.12/threading.py", "run"), Runtime);
+        assert_eq!(c("??", "at::native::add"), Runtime);
+        assert_eq!(c("<frozen runpy>", "_run_code"), Runtime);
+        assert_eq!(
+            torch_function("/venv/site-packages/torch/nn/functional.py", "linear"),
+            "torch.nn.functional.linear"
+        );
+    }
+
+    #[test]
+    fn the_path_goes_from_the_user_s_code_through_packages_to_torch() {
+        let mut i = Interner::default();
+        let stack = stack_of(
+            &mut i,
+            &[
+                (
+                    "/venv/site-packages/torch/nn/functional.py",
+                    "scaled_dot_product_attention",
+                ),
+                (
+                    "/venv/site-packages/transformers/models/llama/modeling_llama.py",
+                    "forward",
+                ),
+                (
+                    "/venv/site-packages/torch/nn/modules/module.py",
+                    "_call_impl",
+                ),
+                ("/venv/site-packages/accelerate/hooks.py", "new_forward"),
+                ("/home/me/model.py", "forward"),
+                ("/home/me/train.py", "main"),
+            ],
+        );
+        let p = code_path(&i, stack);
+        assert_eq!(p.class, Some(FrameClass::Package));
+        assert_eq!(p.your_code.as_deref(), Some("/home/me/model.py:1:forward"));
+        assert_eq!(
+            p.via.as_deref(),
+            Some("accelerate → transformers → torch.nn.functional.scaled_dot_product_attention")
+        );
+        // A library's loop alone: no code of the user's.
+        let lib = stack_of(
+            &mut i,
+            &[(
+                "/venv/site-packages/lightning/pytorch/loops/fit_loop.py",
+                "run",
+            )],
+        );
+        assert_eq!(code_path(&i, lib).your_code, None);
+    }
+
+    fn stack_of(i: &mut Interner, frames: &[(&str, &str)]) -> StackId {
+        let ids: Vec<_> = frames
+            .iter()
+            .map(|(file, name)| {
+                let (f, n) = (i.text(file), i.text(name));
+                i.frame(Frame {
+                    name: n,
+                    filename: f,
+                    line: 1,
+                })
+            })
+            .collect();
+        i.stack(ids)
+    }
 
     #[test]
     fn short_paths() {

@@ -107,6 +107,9 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
                     bytes as f64 / total as f64
                 },
                 stack_id: (stack != StackId::EMPTY).then_some(stack.0),
+                code: None,
+                your_code: None,
+                via: None,
             })
             .collect();
         rows.sort_by(|a, b| {

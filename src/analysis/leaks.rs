@@ -85,6 +85,9 @@ pub fn step_growth(
                 bytes as f64 / kept_total as f64
             },
             stack_id: (stack != StackId::EMPTY).then_some(stack.0),
+            code: None,
+            your_code: None,
+            via: None,
         })
         .collect();
     kept.sort_by(|a, b| {

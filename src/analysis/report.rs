@@ -350,6 +350,9 @@ fn by_call_site<'a>(
             },
             // The interner's id until `finish_call_sites` numbers the report's table.
             stack_id: (stack != StackId::EMPTY).then_some(stack.0),
+            code: None,
+            your_code: None,
+            via: None,
         })
         .collect();
     out.sort_by(|a, b| {

@@ -133,6 +133,26 @@ fn steps_shown(steps: &[StepSummary], peak_step: Option<u32>, top: usize) -> Vec
     shown
 }
 
+/// A call site as the tables show it: the site, what the allocation went through below it, and
+/// whose code it is when not the user's: "model.py:88:forward via torch.nn.functional.linear",
+/// "…/modeling_llama.py:123:forward via torch.nn.functional.linear (package code, from your
+/// train.py:40:main)".
+fn site_cell(s: &CallSiteBytes) -> String {
+    let mut out = safe::name(&s.call_site);
+    if let Some(via) = &s.via {
+        let _ = write!(out, " via {}", safe::name(via));
+    }
+    if s.code.as_deref() == Some("package") {
+        match &s.your_code {
+            Some(y) => {
+                let _ = write!(out, " (package code, from your {})", safe::name(y));
+            }
+            None => out.push_str(" (package code only)"),
+        }
+    }
+    out
+}
+
 fn call_site_table(
     title: String,
     sites: &[CallSiteBytes],
@@ -151,7 +171,7 @@ fn call_site_table(
                     format_bytes(s.bytes),
                     pct(s.share),
                     s.count.to_string(),
-                    safe::name(&s.call_site),
+                    site_cell(s),
                 ]
             })
             .collect(),

@@ -583,6 +583,18 @@ pub struct CallSiteBytes {
     /// `stacks` (each stack once however many tables name it); absent when none was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_id: Option<u32>,
+    /// Whose code the call site is: `user`, `package` (site-packages, dist-packages) or
+    /// `runtime` (torch, C++, CPython); absent without a stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// The innermost frame of the user's code in that stack; absent when the whole stack is
+    /// packages and runtime (a library's training loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub your_code: Option<String>,
+    /// What the allocation went through below the user's code: the packages, outermost
+    /// first, then the innermost torch function (`transformers → torch.nn.functional.linear`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
 }
 
 /// Stacks as the call-site tables reference them (`stack_id`), each once: its lines, innermost

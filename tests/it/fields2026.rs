@@ -276,3 +276,43 @@ fn why_a_snapshot_says_little_with_the_call_that_records_it() {
     assert_eq!(g[0].kind, "no_trace");
     assert!(g[0].fix.contains("_record_memory_history("));
 }
+
+#[test]
+fn call_sites_say_whose_code_they_are_and_what_they_went_through() {
+    let r = report("real/MAGMA27__assignment2-systems__memory_snapshot.pickle");
+    let sites = r["files"][0]["devices"][0]["live_at_peak_by_call_site"]
+        .as_array()
+        .unwrap();
+    // einops (a package) called from the user's model: the package path and the user's frame.
+    let einsum = sites
+        .iter()
+        .find(|s| {
+            s["call_site"]
+                .as_str()
+                .unwrap()
+                .contains("einops/_backends.py")
+        })
+        .unwrap();
+    assert_eq!(einsum["code"], "package");
+    assert!(einsum["your_code"]
+        .as_str()
+        .unwrap()
+        .contains("cs336_basics/model.py:39:forward"));
+    assert_eq!(einsum["via"], "einops → torch.functional.einsum");
+    // The user's own code.
+    let silu = sites
+        .iter()
+        .find(|s| {
+            s["call_site"]
+                .as_str()
+                .unwrap()
+                .contains("model.py:532:silu")
+        })
+        .unwrap();
+    assert_eq!(silu["code"], "user");
+    let t = text("real/MAGMA27__assignment2-systems__memory_snapshot.pickle");
+    assert!(
+        t.contains("einops/_backends.py:291:einsum via einops → torch.functional.einsum (package code, from your"),
+        "{t}"
+    );
+}
