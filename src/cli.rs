@@ -311,6 +311,46 @@ pub enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Writes snapshots into a SQLite database for questions of your own: files, devices,
+    /// frames, stacks, allocations (with their category and phase), events, the dump's segments
+    /// and blocks, OOMs, phases and annotations. Several files (the ranks of a job) go into one
+    /// database with a file and rank column. The schema: docs/sql-schema.md.
+    #[command(
+        after_help = "Examples:\n  snapscan sql speicher.pickle -o snap.db\n  snapscan sql 'rank*.pickle' -o job.db\n  sqlite3 snap.db 'SELECT call_site, SUM(requested_bytes) FROM allocations JOIN stacks USING (file_id, stack_id) GROUP BY 1 ORDER BY 2 DESC LIMIT 5'"
+    )]
+    Sql {
+        /// Snapshot files, directories or glob patterns.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The database to write (it must not exist yet).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Only this device.
+        #[arg(long)]
+        device: Option<i64>,
+    },
+    /// One read-only SQL question to a database written by `snapscan sql`, or to a snapshot
+    /// (its database is then built in memory). Writes and ATTACH are refused.
+    #[command(
+        after_help = "Examples:\n  snapscan query snap.db 'SELECT * FROM devices'\n  snapscan query speicher.pickle --format csv 'SELECT category, SUM(requested_bytes) FROM allocations GROUP BY 1'\nThe schema and ten example queries: docs/sql-schema.md."
+    )]
+    Query {
+        /// A database from `snapscan sql`, or a snapshot file.
+        file: PathBuf,
+        /// One SQL statement that reads.
+        sql: String,
+        #[arg(long, value_enum, default_value_t = QueryFormat::Text)]
+        format: QueryFormat,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Stop the query after this many seconds.
+        #[arg(long, default_value_t = 60.0)]
+        timeout: f64,
+        /// Write to this file instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Memory budgets for CI: exits 1 with one line per crossed budget (file, device, budget,
     /// measured value, limit), 0 when all hold. Peak = peak of requested bytes; reserved = highest
     /// reserved bytes; fragmentation = 1 − largest free hole / free bytes of the reserved
@@ -402,6 +442,13 @@ pub enum Command {
 }
 
 /// Which frames `report --stacks` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueryFormat {
+    Text,
+    Csv,
+    Json,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StackFrames {
     /// Every recorded frame (allocator, dispatcher and interpreter frames are left out).
@@ -909,6 +956,80 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 code: if merged.unreadable.is_empty() { 0 } else { 2 },
             })
         }
+        Command::Sql {
+            files,
+            output,
+            device,
+        } => {
+            // Not followed: a link there (even a dangling one) is refused like a file.
+            if std::fs::symlink_metadata(&output).is_ok() {
+                anyhow::bail!(
+                    "{}: the file exists; snapscan sql writes a new database (remove it first)",
+                    output.display()
+                );
+            }
+            let loaded = load_all(&files)?;
+            // Written beside the target and renamed: nobody opens half a database, and a
+            // failed run leaves none behind.
+            let partial = output.with_file_name(format!(
+                ".{}.partial-{}",
+                output
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+                std::process::id()
+            ));
+            let written = crate::store::write(&partial, &loaded, device)
+                .and_then(|w| Ok(std::fs::rename(&partial, &output).map(|_| w)?));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            let written = written?;
+            exit_soon(loaded);
+            Ok(Outcome {
+                output: format!(
+                    "{}: {} files, {} devices, {} allocations, {} events, {} stacks\n",
+                    crate::render::safe::term(&output.display().to_string()),
+                    written.files,
+                    written.devices,
+                    written.allocations,
+                    written.events,
+                    written.stacks
+                )
+                .into_bytes(),
+                target: None,
+                code: 0,
+            })
+        }
+        Command::Query {
+            file,
+            sql,
+            format,
+            limit,
+            timeout,
+            output,
+        } => {
+            if !(timeout.is_finite() && timeout > 0.0) {
+                anyhow::bail!("--timeout {timeout}: expected a positive number of seconds");
+            }
+            let mut conn = crate::store::open_any(&file)?;
+            let answer = crate::store::query::run(
+                &mut conn,
+                &sql,
+                limit,
+                std::time::Duration::from_secs_f64(timeout),
+            )?;
+            let bytes = match format {
+                QueryFormat::Text => crate::store::query::text(&answer).into_bytes(),
+                QueryFormat::Csv => crate::store::query::csv(&answer).into_bytes(),
+                QueryFormat::Json => crate::render::json(&answer),
+            };
+            Ok(Outcome {
+                output: bytes,
+                target: output,
+                code: 0,
+            })
+        }
         Command::Completions { shell } => {
             let mut bytes = Vec::new();
             clap_complete::generate(
@@ -1295,7 +1416,9 @@ impl Inputs {
             | Command::Stats { files, .. }
             | Command::Check { files, .. }
             | Command::Replay { files, .. }
-            | Command::Whatif { files, .. } => files.clone(),
+            | Command::Whatif { files, .. }
+            | Command::Sql { files, .. } => files.clone(),
+            Command::Query { file, .. } => vec![file.clone()],
             Command::Timeline { file, .. } | Command::Segments { file, .. } => vec![file.clone()],
             Command::Explain { log, .. } => vec![log.clone()],
             Command::Diff { base, new, .. } => vec![base.clone(), new.clone()],

@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: [`input`] (bytes) → [`pickle`] (plain values, nothing executed) →
 //! [`snapshot`] (typed model) → [`analysis`] (figures) → [`report`] (one serde struct) →
-//! [`render`] (text, Markdown, JSON).
+//! [`render`] (text, Markdown, JSON). [`store`] writes the analysis's rows into SQLite.
 
 pub mod allocator;
 pub mod analysis;
@@ -15,6 +15,7 @@ pub mod progress;
 pub mod render;
 pub mod report;
 pub mod snapshot;
+pub mod store;
 mod timing;
 pub mod units;
 pub mod work;

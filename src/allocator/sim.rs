@@ -826,7 +826,7 @@ impl Run<'_> {
                         before.unwrap_or(PoolKey {
                             pool: (0, 0),
                             stream: e.stream,
-                            small: e.size % self.settings.large_segment_size != 0,
+                            small: !e.size.is_multiple_of(self.settings.large_segment_size),
                         })
                     }
                 };

@@ -147,7 +147,7 @@ pub fn build(snapshot: &Snapshot, device: i64, settings: &Settings) -> (State, S
                 }
                 Action::SegmentMap => unmap_range(&mut mapped, e.addr, e.size),
                 Action::SegmentUnmap => {
-                    let small = e.size % settings.large_segment_size != 0;
+                    let small = !e.size.is_multiple_of(settings.large_segment_size);
                     map_range(&mut mapped, e.addr, e.size, e.stream, small);
                 }
                 _ => {}

@@ -442,10 +442,10 @@ impl EventChanges {
     /// The change of the next event.
     fn push(&mut self, d: i32) {
         let i = self.len;
-        if i % STEP == 0 {
+        if i.is_multiple_of(STEP) {
             self.ranks.push(self.values.len() as u32);
         }
-        if i % 64 == 0 {
+        if i.is_multiple_of(64) {
             self.bits.push(0);
         }
         if d != 0 {

@@ -26,7 +26,7 @@ pub fn round_up(n: u64) -> u64 {
 /// A buffer size a user would set: a power of two, or a multiple of 100 (a ring buffer that
 /// wrapped holds exactly `max_entries`).
 fn looks_set(n: u64) -> bool {
-    n >= 2 && (n.is_power_of_two() || n % 100 == 0)
+    n >= 2 && (n.is_power_of_two() || n.is_multiple_of(100))
 }
 
 pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingGap> {

@@ -699,12 +699,26 @@ fn apply_allocator(
 }
 
 pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceReport {
+    analyse_device(snapshot, device, options).report
+}
+
+/// A device's report with what it was made from, kept for the questions it does not answer
+/// (the SQL store's rows, the MCP server's live sets at any event).
+pub struct DeviceAnalysis {
+    pub report: DeviceReport,
+    pub replay: DeviceReplay,
+    /// With the training steps' positions filled in, as the report read them.
+    pub phases: Phases,
+}
+
+/// [`device_report`], keeping its replay and phases.
+pub fn analyse_device(snapshot: &Snapshot, device: i64, options: &ReportOptions) -> DeviceAnalysis {
     // The replay, the phases and the data-quality checks each read the whole trace: on big
     // traces they run side by side.
     let mut timer = crate::timing::Timer::new();
     // The replay reads the trace in order, on one core; the others find phases, summarize
     // the trace and run the checks that need no replay.
-    let (replay, (phases, (summary, checks, (dump, pools)))) = rayon::join(
+    let (replay, (mut phases, (summary, checks, (dump, pools)))) = rayon::join(
         || replay_device(snapshot, device),
         || {
             rayon::join(
@@ -721,6 +735,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         },
     );
     timer.lap("replay, phases and trace summary");
+    phases.fill_by_step_position(snapshot.trace(device), &replay.requested);
     // The allocator model runs only where there is an OOM to explain, beside the rest.
     let (detailed, _) = ooms_detailed(snapshot.trace(device), &summary.ooms);
     let (mut report, sim) = rayon::join(
@@ -730,7 +745,7 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
                 device,
                 options,
                 &replay,
-                phases,
+                &phases,
                 &summary,
                 (dump, pools),
             )
@@ -747,7 +762,11 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
         .extend(super::quality::bytes_after_stop(snapshot));
     finish_call_sites(&mut report, snapshot, options);
     timer.lap("the rest of the report");
-    report
+    DeviceAnalysis {
+        report,
+        replay,
+        phases,
+    }
 }
 
 /// Call sites listed by default: the largest, and every other that holds this share or more.
@@ -858,12 +877,11 @@ fn device_report_with(
     device: i64,
     options: &ReportOptions,
     replay: &DeviceReplay,
-    mut phases: Phases,
+    phases: &Phases,
     summary: &super::summary::TraceSummary,
     (dump, pools_at_dump): (FinalState, super::pools::AtDump),
 ) -> DeviceReport {
     let trace = snapshot.trace(device);
-    phases.fill_by_step_position(trace, &replay.requested);
     let (peak_requested, peak_event) = replay.requested.peak();
     let (peak_allocated, peak_allocated_event) = replay.allocated.peak();
     let (peak_reserved, peak_reserved_event) = replay.reserved.peak();
@@ -915,13 +933,13 @@ fn device_report_with(
     };
     let (categorizer, (((segments, fragmentation_at_peak), fragmentation_at_end), live_owned)) =
         rayon::join(
-            || Categorizer::new(snapshot, &phases, replay),
+            || Categorizer::new(snapshot, phases, replay),
             || rayon::join(layouts, live_sorted),
         );
     let describe = Describe {
         sites: CallSites::new(&snapshot.interner),
         trace,
-        phases: &phases,
+        phases,
         categorizer,
     };
     let time_at = |e: Option<u32>| {
@@ -940,7 +958,7 @@ fn device_report_with(
             || (Vec::new(), ClaimSums::default()),
             |(mut claims, mut sums), a| {
                 let c = categorizer.claim(a);
-                sums.add(a, &c, &phases);
+                sums.add(a, &c, phases);
                 claims.push((c.category, c.confidence));
                 (claims, sums)
             },
@@ -968,7 +986,7 @@ fn device_report_with(
         .map_init(
             || CallSites::new(&snapshot.interner),
             |sites, (a, &claim)| {
-                let mut live = described(sites, trace, &phases, a, claim, peak_event);
+                let mut live = described(sites, trace, phases, a, claim, peak_event);
                 live.annotations = annotation_texts(categorizer, a);
                 live
             },
@@ -1102,7 +1120,7 @@ fn device_report_with(
     let (detailed_ooms, oom_omitted) = ooms_detailed(snapshot.trace(device), &summary.ooms);
     let oom: Vec<Oom> = detailed_ooms
         .iter()
-        .map(|&i| oom_report(snapshot, replay, &phases, i, options.list_limit))
+        .map(|&i| oom_report(snapshot, replay, phases, i, options.list_limit))
         .collect();
 
     let first_time = trace.iter().find_map(|e| e.time_us);
@@ -1226,15 +1244,15 @@ fn device_report_with(
         .map(|(c, (_, e))| (c.name().to_owned(), e.to_owned()))
         .collect();
     let peak_phase = if peak_event.is_none() {
-        let (p, c, e) = state_phase(snapshot, &phases, &live);
+        let (p, c, e) = state_phase(snapshot, phases, &live);
         PhaseClaim::plain(p, c, e)
     } else {
-        phase_claim(snapshot, snapshot.trace(device), &phases, peak_event)
+        phase_claim(snapshot, snapshot.trace(device), phases, peak_event)
     };
     if let Some(reason) = &phases.unknown_reason {
         notes.push(format!("phases unknown: {reason}"));
     }
-    let steps = step_summaries(replay, &phases);
+    let steps = step_summaries(replay, phases);
     let step_growth = super::leaks::step_growth(replay, &steps, &describe.sites);
 
     let mut report = DeviceReport {

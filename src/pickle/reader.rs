@@ -384,7 +384,7 @@ impl<'a> Machine<'a> {
     }
 
     fn pairs(&self, items: Vec<Value>) -> Result<Vec<(Value, Value)>, PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.err("odd number of items for dict keys and values"));
         }
         let mut out = Vec::with_capacity(items.len() / 2);

@@ -172,7 +172,7 @@ pub fn num(v: f64) -> String {
     let tenths = tenths.clamp(-1e15, 1e15) as i64;
     let sign = if tenths < 0 { "-" } else { "" };
     let a = tenths.unsigned_abs();
-    if a % 10 == 0 {
+    if a.is_multiple_of(10) {
         format!("{sign}{}", a / 10)
     } else {
         format!("{sign}{}.{}", a / 10, a % 10)

@@ -223,7 +223,7 @@ impl Part {
             .addr_base
             .get_or_insert(e.addr.saturating_sub(1 << (ADDR_BITS - 1)));
         let offset = e.addr.wrapping_sub(base);
-        let fits = e.addr >= base && offset <= ADDR_MASK && offset % (1 << ADDR_UNIT_BITS) == 0;
+        let fits = e.addr >= base && offset <= ADDR_MASK && offset.is_multiple_of(1 << ADDR_UNIT_BITS);
         let addr_meta = if fits && u64::from(meta) < WIDE_META {
             offset >> ADDR_UNIT_BITS | u64::from(meta) << META_SHIFT
         } else {
@@ -732,7 +732,7 @@ mod tests {
 
     fn entry(i: u64) -> TraceEntry {
         TraceEntry {
-            action: if i % 3 == 0 {
+            action: if i.is_multiple_of(3) {
                 Action::Alloc
             } else {
                 Action::FreeCompleted

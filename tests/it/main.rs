@@ -19,6 +19,7 @@ mod parallel;
 mod replica;
 mod robustness;
 mod salvage;
+mod sql;
 mod svg;
 mod synthetic;
 mod view;

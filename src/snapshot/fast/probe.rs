@@ -123,7 +123,7 @@ fn pair_base<'d>(
     items: &[Item],
     stored: &mut FxHashMap<(u32, &'d [u8], u32), u32>,
 ) -> Option<u32> {
-    if items.len() < 4 || items.len() % 2 != 0 {
+    if items.len() < 4 || !items.len().is_multiple_of(2) {
         return None;
     }
     let (Item::Fetch(key), Item::Int(s, e)) = (items[2], items[3]) else {

@@ -2554,7 +2554,7 @@ impl<'a, 'c> Vm<'a, 'c> {
     /// becomes a trace record; any other dict keeps its items.
     fn set_items(&mut self, d: u32, from: usize) -> R<()> {
         let n = self.stack.len() - from;
-        if n % 2 != 0 {
+        if !n.is_multiple_of(2) {
             return Err(Unsupported);
         }
         let s = self.a.dicts[d as usize];
