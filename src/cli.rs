@@ -351,6 +351,22 @@ pub enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// A Model Context Protocol server on stdin and stdout, for coding agents: tools for the
+    /// report, the peak, the live set at any event, an allocation's life, the segments at any
+    /// event, why an OOM happened, diff, explain, check, whatif and read-only SQL. Snapshots
+    /// are analysed once and kept within --memory-budget; only files under the --root folders
+    /// are read, and nothing is written.
+    #[command(
+        after_help = "Example (an agent's MCP configuration):\n  {\"mcpServers\": {\"snapscan\": {\"command\": \"snapscan\", \"args\": [\"mcp\", \"--root\", \"/data/snapshots\"]}}}"
+    )]
+    Mcp {
+        /// A folder whose files may be read (repeatable; default: the current folder).
+        #[arg(long = "root", value_name = "DIR")]
+        roots: Vec<PathBuf>,
+        /// Bytes of analysed snapshots kept between calls (the least recently used go first).
+        #[arg(long, value_name = "SIZE", default_value = "4GiB", value_parser = crate::units::parse_size)]
+        memory_budget: u64,
+    },
     /// Memory budgets for CI: exits 1 with one line per crossed budget (file, device, budget,
     /// measured value, limit), 0 when all hold. Peak = peak of requested bytes; reserved = highest
     /// reserved bytes; fragmentation = 1 − largest free hole / free bytes of the reserved
@@ -1030,6 +1046,32 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 code: 0,
             })
         }
+        Command::Mcp {
+            roots,
+            memory_budget,
+        } => {
+            let roots = if roots.is_empty() {
+                vec![PathBuf::from(".")]
+            } else {
+                roots
+            };
+            let roots = roots
+                .iter()
+                .map(|r| {
+                    r.canonicalize()
+                        .map_err(|e| anyhow::anyhow!("--root {}: {e}", r.display()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::mcp::serve(crate::mcp::Settings {
+                roots,
+                memory_budget,
+            })?;
+            Ok(Outcome {
+                output: Vec::new(),
+                target: None,
+                code: 0,
+            })
+        }
         Command::Completions { shell } => {
             let mut bytes = Vec::new();
             clap_complete::generate(
@@ -1423,7 +1465,7 @@ impl Inputs {
             Command::Explain { log, .. } => vec![log.clone()],
             Command::Diff { base, new, .. } => vec![base.clone(), new.clone()],
             Command::Merge { reports, .. } => reports.clone(),
-            Command::Completions { .. } => Vec::new(),
+            Command::Completions { .. } | Command::Mcp { .. } => Vec::new(),
         })
     }
 

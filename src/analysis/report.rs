@@ -302,6 +302,18 @@ fn described(
 /// Bytes, count, the largest allocation (bytes, position) and its stack, of one call site.
 type SiteGroup = (u64, u64, (u64, usize), StackId);
 
+/// Allocations grouped by call site as the report groups its live set at the peak (largest
+/// first, `share` of `total`), each site's stack named by `stack_id` in the returned table.
+pub fn call_site_table<'a>(
+    snapshot: &Snapshot,
+    allocations: impl Iterator<Item = &'a Allocation>,
+    total: i64,
+) -> (Vec<CallSiteBytes>, crate::report::StackTable) {
+    let mut sites = by_call_site(&CallSites::new(&snapshot.interner), allocations, total);
+    let stacks = super::callsite::stack_table(&snapshot.interner, sites.iter_mut());
+    (sites, stacks)
+}
+
 /// Groups allocations by call site, largest first.
 fn by_call_site<'a>(
     sites: &CallSites,
@@ -1404,6 +1416,47 @@ fn cached_remark(dump: &FinalState) -> Option<String> {
 }
 
 pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileReport {
+    file_report_by(loaded, options, &|d| {
+        device_report(&loaded.snapshot, d, options)
+    })
+}
+
+/// What a device's report was made from ([`DeviceAnalysis`] without the report).
+pub struct DeviceParts {
+    pub device: i64,
+    pub replay: DeviceReplay,
+    pub phases: Phases,
+}
+
+/// [`file_report`], keeping the replay and phases of each device it reported on (for the
+/// questions asked of it later: the live set at any event, an allocation's life).
+pub fn file_report_keeping(
+    loaded: &LoadedSnapshot,
+    options: &ReportOptions,
+) -> (FileReport, Vec<DeviceParts>) {
+    let kept = std::sync::Mutex::new(Vec::new());
+    let report = file_report_by(loaded, options, &|d| {
+        let a = analyse_device(&loaded.snapshot, d, options);
+        let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
+        // A device reported twice (the many-devices path) keeps its latest parts.
+        kept.retain(|p: &DeviceParts| p.device != d);
+        kept.push(DeviceParts {
+            device: d,
+            replay: a.replay,
+            phases: a.phases,
+        });
+        a.report
+    });
+    let mut kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
+    kept.sort_by_key(|p| p.device);
+    (report, kept)
+}
+
+fn file_report_by(
+    loaded: &LoadedSnapshot,
+    options: &ReportOptions,
+    device_report: &(dyn Fn(i64) -> DeviceReport + Sync),
+) -> FileReport {
     let snapshot = &loaded.snapshot;
     let (devices, empty): (Vec<i64>, Vec<i64>) = snapshot
         .devices()
@@ -1414,10 +1467,7 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         .partition(|d| !snapshot.trace(*d).is_empty() || snapshot.segments_of(*d).next().is_some());
     use super::headline::{file_summary, interesting_devices, DeviceDigest, MANY_DEVICES};
     let (devices, summary, device_table) = if options.all_devices || devices.len() <= MANY_DEVICES {
-        let devices: Vec<DeviceReport> = devices
-            .par_iter()
-            .map(|&d| device_report(snapshot, d, options))
-            .collect();
+        let devices: Vec<DeviceReport> = devices.par_iter().map(|&d| device_report(d)).collect();
         let digests: Vec<DeviceDigest> =
             devices.iter().map(|d| DeviceDigest::of(d, true)).collect();
         (devices, file_summary(&digests), Vec::new())
@@ -1427,17 +1477,14 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
         // a section are then reported again.
         let mut digests: Vec<DeviceDigest> = devices
             .par_iter()
-            .map(|&d| DeviceDigest::of(&device_report(snapshot, d, options), false))
+            .map(|&d| DeviceDigest::of(&device_report(d), false))
             .collect();
         let summary = file_summary(&digests);
         let keep = interesting_devices(&digests, &summary);
         for d in &mut digests {
             d.row.detailed = keep.binary_search(&d.row.device).is_ok();
         }
-        let detailed: Vec<DeviceReport> = keep
-            .par_iter()
-            .map(|&d| device_report(snapshot, d, options))
-            .collect();
+        let detailed: Vec<DeviceReport> = keep.par_iter().map(|&d| device_report(d)).collect();
         let rows = digests.into_iter().map(|d| d.row).collect();
         (detailed, summary, rows)
     };

@@ -223,7 +223,8 @@ impl Part {
             .addr_base
             .get_or_insert(e.addr.saturating_sub(1 << (ADDR_BITS - 1)));
         let offset = e.addr.wrapping_sub(base);
-        let fits = e.addr >= base && offset <= ADDR_MASK && offset.is_multiple_of(1 << ADDR_UNIT_BITS);
+        let fits =
+            e.addr >= base && offset <= ADDR_MASK && offset.is_multiple_of(1 << ADDR_UNIT_BITS);
         let addr_meta = if fits && u64::from(meta) < WIDE_META {
             offset >> ADDR_UNIT_BITS | u64::from(meta) << META_SHIFT
         } else {

@@ -1,0 +1,133 @@
+//! Snapshots analysed once and kept: by path, modification time and length (a file rewritten
+//! in place is analysed again), the least recently used dropped first when the kept ones
+//! would pass the memory budget. An analysis bigger than the whole budget answers its call and
+//! is not kept.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use crate::analysis::report::{file_report_keeping, DeviceParts, ReportOptions};
+use crate::report::{FileReport, JSON_LIST_LIMIT};
+use crate::snapshot::LoadedSnapshot;
+
+/// One snapshot as the server keeps it.
+pub(crate) struct Analysed {
+    pub loaded: LoadedSnapshot,
+    /// The report as `snapscan report --format json` makes it (lists capped alike).
+    pub report: FileReport,
+    /// What each device's report was made from: live sets and lives at any event.
+    pub parts: Vec<DeviceParts>,
+    /// The uncapped report (`diff` and `check` read it, as the CLI's do), made on first use.
+    pub full_report: OnceLock<FileReport>,
+    /// The snapshot's SQL store, built in memory on the first `query`.
+    pub database: OnceLock<Result<Mutex<rusqlite::Connection>, String>>,
+}
+
+impl Analysed {
+    pub fn full_report(&self) -> &FileReport {
+        self.full_report.get_or_init(|| {
+            crate::analysis::report::file_report(&self.loaded, &ReportOptions::default())
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Key {
+    path: PathBuf,
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+struct Entry {
+    key: Key,
+    value: Arc<Analysed>,
+    /// Bytes charged against the budget: the decoded snapshot's size, which bounds what its
+    /// typed model, replay and report take (a 1 GB pickle: about 0.4 GB of them).
+    cost: u64,
+    last_used: u64,
+}
+
+pub(crate) struct Cache {
+    budget: u64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: Vec<Entry>,
+    clock: u64,
+}
+
+impl Cache {
+    pub fn new(budget: u64) -> Cache {
+        Cache {
+            budget,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The analysed snapshot at `path` (a resolved path under the roots).
+    pub fn get(&self, path: &Path) -> Result<Arc<Analysed>, String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let key = Key {
+            path: path.to_path_buf(),
+            modified: meta.modified().ok(),
+            len: meta.len(),
+        };
+        {
+            let mut inner = self.lock();
+            inner.clock += 1;
+            let now = inner.clock;
+            if let Some(e) = inner.entries.iter_mut().find(|e| e.key == key) {
+                e.last_used = now;
+                return Ok(e.value.clone());
+            }
+        }
+        // Analysed outside the lock: other calls go on meanwhile.
+        let loaded = crate::snapshot::load(path).map_err(|e| format!("{e:#}"))?;
+        let options = ReportOptions {
+            list_limit: Some(JSON_LIST_LIMIT),
+            ..Default::default()
+        };
+        let (report, parts) = file_report_keeping(&loaded, &options);
+        let cost = loaded.decoded_bytes.max(1);
+        let value = Arc::new(Analysed {
+            loaded,
+            report,
+            parts,
+            full_report: OnceLock::new(),
+            database: OnceLock::new(),
+        });
+        let mut inner = self.lock();
+        inner.clock += 1;
+        let now = inner.clock;
+        // An older version of the file goes.
+        inner.entries.retain(|e| e.key.path != key.path);
+        if cost <= self.budget {
+            inner.entries.push(Entry {
+                key,
+                value: value.clone(),
+                cost,
+                last_used: now,
+            });
+            while inner.entries.iter().map(|e| e.cost).sum::<u64>() > self.budget {
+                let oldest = inner
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, e)| e.last_used)
+                    .map(|(i, _)| i);
+                match oldest {
+                    Some(i) => drop(inner.entries.remove(i)),
+                    None => break,
+                }
+            }
+        }
+        Ok(value)
+    }
+}
