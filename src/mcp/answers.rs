@@ -556,6 +556,15 @@ pub fn query(state: &State, args: &QueryArgs) -> Answer {
             let mut conn = rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?;
             crate::store::fill(&mut conn, std::slice::from_ref(&a.loaded), None)
                 .map_err(|e| format!("{}: building its database: {e}", a.loaded.name))?;
+            let bytes: i64 = conn
+                .query_row(
+                    "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap_or(0);
+            a.database_bytes
+                .store(bytes.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
             crate::store::query::lock_down(&mut conn).map_err(|e| e.to_string())?;
             Ok(Mutex::new(conn))
         });

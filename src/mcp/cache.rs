@@ -22,6 +22,18 @@ pub(crate) struct Analysed {
     pub full_report: OnceLock<FileReport>,
     /// The snapshot's SQL store, built in memory on the first `query`.
     pub database: OnceLock<Result<Mutex<rusqlite::Connection>, String>>,
+    /// That store's bytes, charged against the budget with the rest once it exists.
+    pub database_bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Entry {
+    fn charged(&self) -> u64 {
+        self.cost.saturating_add(
+            self.value
+                .database_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
 }
 
 impl Analysed {
@@ -102,6 +114,7 @@ impl Cache {
             parts,
             full_report: OnceLock::new(),
             database: OnceLock::new(),
+            database_bytes: Default::default(),
         });
         let mut inner = self.lock();
         inner.clock += 1;
@@ -109,13 +122,14 @@ impl Cache {
         // An older version of the file goes.
         inner.entries.retain(|e| e.key.path != key.path);
         if cost <= self.budget {
+            // The new entry is the most recent: the oldest go first, it goes last.
             inner.entries.push(Entry {
                 key,
                 value: value.clone(),
                 cost,
                 last_used: now,
             });
-            while inner.entries.iter().map(|e| e.cost).sum::<u64>() > self.budget {
+            while inner.entries.iter().map(Entry::charged).sum::<u64>() > self.budget {
                 let oldest = inner
                     .entries
                     .iter()
@@ -129,5 +143,47 @@ impl Cache {
             }
         }
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(rel)
+    }
+
+    impl Cache {
+        fn kept(&self) -> Vec<PathBuf> {
+            self.lock()
+                .entries
+                .iter()
+                .map(|e| e.key.path.clone())
+                .collect()
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_snapshot_goes_when_the_budget_is_passed() {
+        let a = fixture("captured/oom_backward.pickle");
+        let b = fixture("captured/fragmentation_oom.pickle");
+        let size = |p: &Path| crate::snapshot::load(p).unwrap().decoded_bytes;
+        let cache = Cache::new(size(&a).max(size(&b)) + 1);
+        let first = cache.get(&a).unwrap();
+        // The same file again is the kept analysis, not a new one.
+        assert!(Arc::ptr_eq(&first, &cache.get(&a).unwrap()));
+        cache.get(&b).unwrap();
+        assert_eq!(cache.kept(), vec![b.clone()]);
+        // A budget smaller than one snapshot answers and keeps nothing.
+        let tiny = Cache::new(1);
+        assert!(!tiny.get(&a).unwrap().report.devices.is_empty());
+        assert!(tiny.kept().is_empty());
+        // A missing file is named.
+        let missing = fixture("captured/no-such.pickle");
+        let error = cache.get(&missing).err().expect("an error");
+        assert!(error.contains("no-such.pickle"), "{error}");
     }
 }
