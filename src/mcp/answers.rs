@@ -327,7 +327,28 @@ pub fn segments_at(state: &State, args: &SegmentsAtArgs) -> Answer {
         blocks: false,
         small_hole_limit: 0,
     };
-    let mut layouts = layout_with(&a.loaded.snapshot, &parts.replay, moment, detail);
+    let key = (d.device, moment);
+    let kept = a
+        .last_layout
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .filter(|(k, _)| *k == key)
+        .map(|(_, l)| l.clone());
+    let layouts = match kept {
+        Some(l) => l,
+        None => {
+            let mut fresh = layout_with(&a.loaded.snapshot, &parts.replay, moment, detail);
+            fresh.sort_by(|x, y| {
+                y.free_bytes
+                    .cmp(&x.free_bytes)
+                    .then(x.address.cmp(&y.address))
+            });
+            let fresh = std::sync::Arc::new(fresh);
+            *a.last_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some((key, fresh.clone()));
+            fresh
+        }
+    };
     let sum = |f: fn(&crate::analysis::layout::SegmentLayout) -> u64| {
         layouts.iter().map(f).fold(0u64, u64::saturating_add)
     };
@@ -338,11 +359,6 @@ pub fn segments_at(state: &State, args: &SegmentsAtArgs) -> Answer {
         "requested_bytes": sum(|s| s.requested_bytes),
         "free_bytes": sum(|s| s.free_bytes),
         "largest_hole_bytes": layouts.iter().map(|s| s.largest_hole_bytes).max().unwrap_or(0),
-    });
-    layouts.sort_by(|x, y| {
-        y.free_bytes
-            .cmp(&x.free_bytes)
-            .then(x.address.cmp(&y.address))
     });
     let (shown, next_cursor) = page(&layouts, args.cursor, args.top.unwrap_or(10));
     let segments: Vec<Value> = shown

@@ -36,10 +36,12 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let (input, output, writer) = framing::guarded_stdio();
-        let server = Server::new(settings)
-            .serve((input, output))
-            .await
-            .map_err(|e| anyhow::anyhow!("mcp: the client's first messages failed: {e}"))?;
+        let server = match Server::new(settings).serve((input, output)).await {
+            Ok(server) => server,
+            // A client that left before saying anything: nothing to do, nothing wrong.
+            Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+            Err(e) => anyhow::bail!("mcp: the client's first messages failed: {e}"),
+        };
         server
             .waiting()
             .await

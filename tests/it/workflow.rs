@@ -5,6 +5,7 @@
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use predicates::prelude::*;
 
@@ -511,12 +512,21 @@ fn merge_combines_json_reports_into_the_rank_table() {
 
 /// Every subcommand with arguments that make it write to stdout (`merge` reads a report
 /// written into `dir`), and the exit code each should give.
+static DATABASES: AtomicU32 = AtomicU32::new(0);
+
 fn stdout_commands(dir: &std::path::Path) -> Vec<(Vec<String>, i32)> {
     let report = dir.join("rank0.json");
     let out = run(&["report", "--format", "json", TRAIN]);
     assert!(out.status.success());
     std::fs::write(&report, &out.stdout).unwrap();
     let report = report.to_string_lossy().to_string();
+    // A new database each time the list is made (sql refuses to overwrite one).
+    let database = dir.join(format!(
+        "snap-{}.db",
+        DATABASES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&database);
+    let database = database.to_string_lossy().to_string();
     let v = |args: &[&str], code: i32| (args.iter().map(|a| a.to_string()).collect(), code);
     vec![
         v(&["report", OOM_FORWARD], 0),
@@ -535,6 +545,10 @@ fn stdout_commands(dir: &std::path::Path) -> Vec<(Vec<String>, i32)> {
         v(&["diff", TRAIN, OOM_FORWARD], 0),
         v(&["merge", &report], 0),
         v(&["completions", "bash"], 0),
+        v(&["sql", TRAIN, "-o", &database], 0),
+        v(&["query", TRAIN, "SELECT * FROM devices"], 0),
+        // Its stdin closed at once: the client left before a word.
+        v(&["mcp"], 0),
     ]
 }
 
@@ -629,6 +643,9 @@ fn nothing_but_the_report_reaches_stdout_when_it_is_not_a_terminal() {
             let mut c = cmd();
             if quiet {
                 c.arg("--quiet");
+            }
+            if args[0] == "sql" {
+                let _ = std::fs::remove_file(args.last().unwrap());
             }
             let out = c.args(&args).output().unwrap();
             assert!(
