@@ -269,16 +269,8 @@ fn ranks_go_into_one_database_and_one_query_compares_them() {
         .assert()
         .success();
     let ranks = &documented_queries()["ranks"];
-    let out = snapscan()
-        .args(["query", db.to_str().unwrap(), ranks, "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = query_ok(&[db.to_str().unwrap(), ranks, "--format", "json"]);
+    let answer: Value = serde_json::from_str(&out).unwrap();
     let rows = answer["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     for (path, rank) in [(&a, 0), (&b, 1)] {
@@ -332,20 +324,8 @@ fn queries_cannot_write_attach_or_run_forever() {
     };
     assert!(rows > 0, "the refused statements changed nothing");
     // Reading the schema is allowed.
-    let out = snapscan()
-        .args([
-            "query",
-            db.to_str().unwrap(),
-            "PRAGMA table_info(allocations)",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("requested_bytes"));
+    let out = query_ok(&[db.to_str().unwrap(), "PRAGMA table_info(allocations)"]);
+    assert!(out.contains("requested_bytes"));
     // A query that would never end is stopped at its time limit.
     let out = snapscan()
         .args([
@@ -374,20 +354,10 @@ fn queries_cannot_write_attach_or_run_forever() {
 #[test]
 fn a_snapshot_can_be_queried_directly_and_cells_cannot_forge_the_terminal_or_a_spreadsheet() {
     let snap = fixture("torch215/training-2026.pickle");
-    let out = snapscan()
-        .args([
-            "query",
-            snap.to_str().unwrap(),
-            "SELECT annotation FROM allocations WHERE annotation IS NOT NULL",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = query_ok(&[
+        snap.to_str().unwrap(),
+        "SELECT annotation FROM allocations WHERE annotation IS NOT NULL",
+    ]);
     assert!(text.contains("(1 row)") || text.contains("rows)"), "{text}");
     let answer = query::Answer {
         columns: vec!["x".into()],
@@ -402,6 +372,17 @@ fn a_snapshot_can_be_queried_directly_and_cells_cannot_forge_the_terminal_or_a_s
     assert!(csv.contains("\"'=HYPERLINK(\"\"http://x\"\")\""), "{csv}");
     assert!(csv.contains("\r\n-12\r\n"), "{csv}");
     assert!(!query::text(&answer).contains('\u{1b}'));
+}
+
+/// `snapscan query ARGS…`, which must succeed: its stdout.
+fn query_ok(args: &[&str]) -> String {
+    let out = snapscan().arg("query").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn tempfile_dir(name: &str) -> std::path::PathBuf {
