@@ -834,16 +834,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             full,
             svg,
         } => {
-            let mut scales = Vec::new();
-            for s in &scale {
-                let (what, f) = s
-                    .split_once('=')
-                    .ok_or_else(|| anyhow::anyhow!("--scale {s}: expected CATEGORY=FACTOR"))?;
-                let f: f64 = f
-                    .parse()
-                    .map_err(|_| anyhow::anyhow!("--scale {s}: `{f}` is not a number"))?;
-                scales.push((what.to_owned(), f));
-            }
+            let scales = scale
+                .iter()
+                .map(|s| analysis::whatif::parse_scale(s))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("--scale {e}"))?;
             let request = analysis::whatif::Request {
                 set,
                 capacity,
@@ -1326,36 +1321,14 @@ fn display_paths(paths: &[PathBuf]) -> String {
         .join(", ")
 }
 
-/// Whether an (uncompressed) file starts like a `snapscan report --format json` output.
-fn looks_like_json_report(path: &std::path::Path) -> bool {
-    use std::io::Read;
-    if path.as_os_str() == "-" {
-        return false;
-    }
-    let mut head = [0u8; 64];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut head))
-        .unwrap_or(0);
-    let head = String::from_utf8_lossy(&head[..n]);
-    head.trim_start().starts_with('{') && head.contains("\"schema_version\"")
-}
-
 /// One file's report for `diff`: analysed from a snapshot, or read from a JSON report (which
 /// must hold exactly one file).
 fn file_report_of(
     path: &std::path::Path,
     device: Option<i64>,
 ) -> Result<crate::report::FileReport, anyhow::Error> {
-    let mut file = if looks_like_json_report(path) {
-        let mut files = analysis::merge::read_full_report(path)?;
-        if files.len() != 1 {
-            anyhow::bail!(
-                "{}: the report holds {} files; diff compares one run with one run",
-                path.display(),
-                files.len()
-            );
-        }
-        files.remove(0)
+    let mut file = if analysis::merge::looks_like_json_report(path) {
+        analysis::merge::read_one_report(path)?
     } else {
         let loaded = snapshot::load(path)?;
         report_of(

@@ -30,11 +30,7 @@ impl UserAnnotations {
         let trace = snapshot.trace(device);
         let mut out = UserAnnotations::default();
         // Most traces have none: their few shared combinations say so without a pass.
-        if !trace
-            .distinct_combinations()
-            .iter()
-            .any(|c| c.action == Action::Annotate)
-        {
+        if !trace.may_have(Action::Annotate) {
             return out;
         }
         let mut addresses: FxHashSet<u64> = FxHashSet::default();

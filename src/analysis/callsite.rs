@@ -343,19 +343,20 @@ pub fn stack_table<'a>(
     interner: &Interner,
     sites: impl Iterator<Item = &'a mut crate::report::CallSiteBytes>,
 ) -> crate::report::StackTable {
-    let mut index: rustc_hash::FxHashMap<u32, u32> = Default::default();
+    // Each stack's place in the table and its code path, found once however many sites
+    // (of the live set, what held it open, each OOM) name it.
+    let mut index: rustc_hash::FxHashMap<u32, (u32, CodePath)> = Default::default();
     let mut table = Vec::new();
     for s in sites {
         if let Some(raw) = s.stack_id {
-            let path = code_path(interner, StackId(raw));
-            s.code = path.class.map(|c| c.name().to_owned());
-            s.your_code = path.your_code;
-            s.via = path.via;
-            let id = *index.entry(raw).or_insert_with(|| {
+            let (id, path) = index.entry(raw).or_insert_with(|| {
                 table.push(stack_lines(interner, StackId(raw)));
-                (table.len() - 1) as u32
+                ((table.len() - 1) as u32, code_path(interner, StackId(raw)))
             });
-            s.stack_id = Some(id);
+            s.code = path.class.map(|c| c.name().to_owned());
+            s.your_code = path.your_code.clone();
+            s.via = path.via.clone();
+            s.stack_id = Some(*id);
         }
     }
     table
@@ -458,7 +459,7 @@ mod tests {
     #[test]
     fn the_path_goes_from_the_user_s_code_through_packages_to_torch() {
         let mut i = Interner::default();
-        let stack = stack_of(
+        let user = stack(
             &mut i,
             &[
                 (
@@ -478,15 +479,15 @@ mod tests {
                 ("/home/me/train.py", "main"),
             ],
         );
-        let p = code_path(&i, stack);
+        let p = code_path(&i, user);
         assert_eq!(p.class, Some(FrameClass::Package));
-        assert_eq!(p.your_code.as_deref(), Some("/home/me/model.py:1:forward"));
+        assert_eq!(p.your_code.as_deref(), Some("/home/me/model.py:0:forward"));
         assert_eq!(
             p.via.as_deref(),
             Some("accelerate → transformers → torch.nn.functional.scaled_dot_product_attention")
         );
         // A library's loop alone: no code of the user's.
-        let lib = stack_of(
+        let lib = stack(
             &mut i,
             &[(
                 "/venv/site-packages/lightning/pytorch/loops/fit_loop.py",
@@ -494,21 +495,6 @@ mod tests {
             )],
         );
         assert_eq!(code_path(&i, lib).your_code, None);
-    }
-
-    fn stack_of(i: &mut Interner, frames: &[(&str, &str)]) -> StackId {
-        let ids: Vec<_> = frames
-            .iter()
-            .map(|(file, name)| {
-                let (f, n) = (i.text(file), i.text(name));
-                i.frame(Frame {
-                    name: n,
-                    filename: f,
-                    line: 1,
-                })
-            })
-            .collect();
-        i.stack(ids)
     }
 
     #[test]

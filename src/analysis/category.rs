@@ -76,6 +76,16 @@ pub enum Confidence {
     Low,
 }
 
+impl Confidence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Confidence::High => "high",
+            Confidence::Medium => "medium",
+            Confidence::Low => "low",
+        }
+    }
+}
+
 /// A category claim: what, how sure, and what it rests on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claim {

@@ -24,6 +24,15 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// Its name in the SQL store and the MCP answers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Traced => "traced",
+            Origin::FreedInWindow => "before_window_freed",
+            Origin::Ghost => "before_window_alive",
+        }
+    }
+
     /// What a reader is told about an allocation of this origin without a recorded stack
     /// (the report's call sites and the pictures' labels).
     pub fn label(self) -> &'static str {

@@ -131,6 +131,34 @@ pub fn read_full_report(path: &Path) -> Result<Vec<FileReport>, InputError> {
     Ok(report.files)
 }
 
+/// Whether an (uncompressed) file starts like a `snapscan report --format json` output.
+pub fn looks_like_json_report(path: &Path) -> bool {
+    use std::io::Read;
+    if path.as_os_str() == "-" {
+        return false;
+    }
+    let mut head = [0u8; 64];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    let head = String::from_utf8_lossy(&head[..n]);
+    head.trim_start().starts_with('{') && head.contains("\"schema_version\"")
+}
+
+/// The one file of a stored JSON report (`diff`'s baseline); a report of several files is
+/// refused.
+pub fn read_one_report(path: &Path) -> anyhow::Result<FileReport> {
+    let mut files = read_full_report(path)?;
+    if files.len() != 1 {
+        anyhow::bail!(
+            "{}: the report holds {} files; diff compares one run with one run",
+            path.display(),
+            files.len()
+        );
+    }
+    Ok(files.remove(0))
+}
+
 /// Reads every report in parallel (in the order given) and builds the table; a report that
 /// cannot be read is a row of its own (with its error) and is listed in `unreadable`. An error
 /// only when no report could be read. `ranks`: the inputs are ranks of one job (`--ranks`).

@@ -75,14 +75,6 @@ struct Describe<'a> {
     categorizer: Categorizer<'a>,
 }
 
-fn confidence_name(c: Confidence) -> &'static str {
-    match c {
-        Confidence::High => "high",
-        Confidence::Medium => "medium",
-        Confidence::Low => "low",
-    }
-}
-
 /// The phase claimed for an event: how sure it is, what it rests on in words, the frames that
 /// decided it, and a note (`training or eval: unclear`, `no backward yet`).
 struct PhaseClaim {
@@ -294,7 +286,7 @@ fn described(
         stream: a.stream,
         phase: Cow::Borrowed(phases.at(a.alloc_event).name()),
         category: Cow::Borrowed(category.name()),
-        confidence: Cow::Borrowed(confidence_name(confidence)),
+        confidence: Cow::Borrowed(confidence.name()),
         annotations: Vec::new(),
     }
 }
@@ -718,6 +710,11 @@ pub fn device_report(snapshot: &Snapshot, device: i64, options: &ReportOptions) 
 /// (the SQL store's rows, the MCP server's live sets at any event).
 pub struct DeviceAnalysis {
     pub report: DeviceReport,
+    pub parts: DeviceParts,
+}
+
+/// What a device's report was made from.
+pub struct DeviceParts {
     pub replay: DeviceReplay,
     /// With the training steps' positions filled in, as the report read them.
     pub phases: Phases,
@@ -776,8 +773,7 @@ pub fn analyse_device(snapshot: &Snapshot, device: i64, options: &ReportOptions)
     timer.lap("the rest of the report");
     DeviceAnalysis {
         report,
-        replay,
-        phases,
+        parts: DeviceParts { replay, phases },
     }
 }
 
@@ -1247,8 +1243,7 @@ fn device_report_with(
             .filter_map(|c| by_confidence.get(&(category, c)).map(|&b| (b, c)))
             .max_by_key(|&(b, c)| (b, std::cmp::Reverse(c)));
         if let Some((_, c)) = best {
-            category_confidence_at_peak
-                .insert(category.name().to_owned(), confidence_name(c).to_owned());
+            category_confidence_at_peak.insert(category.name().to_owned(), c.name().to_owned());
         }
     }
     let category_evidence_at_peak = by_evidence
@@ -1421,13 +1416,6 @@ pub fn file_report(loaded: &LoadedSnapshot, options: &ReportOptions) -> FileRepo
     })
 }
 
-/// What a device's report was made from ([`DeviceAnalysis`] without the report).
-pub struct DeviceParts {
-    pub device: i64,
-    pub replay: DeviceReplay,
-    pub phases: Phases,
-}
-
 /// [`file_report`], keeping the replay and phases of each device it reported on (for the
 /// questions asked of it later: the live set at any event, an allocation's life).
 pub fn file_report_keeping(
@@ -1439,16 +1427,12 @@ pub fn file_report_keeping(
         let a = analyse_device(&loaded.snapshot, d, options);
         let mut kept = kept.lock().unwrap_or_else(|e| e.into_inner());
         // A device reported twice (the many-devices path) keeps its latest parts.
-        kept.retain(|p: &DeviceParts| p.device != d);
-        kept.push(DeviceParts {
-            device: d,
-            replay: a.replay,
-            phases: a.phases,
-        });
+        kept.retain(|p: &DeviceParts| p.replay.device != d);
+        kept.push(a.parts);
         a.report
     });
     let mut kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
-    kept.sort_by_key(|p| p.device);
+    kept.sort_by_key(|p| p.replay.device);
     (report, kept)
 }
 

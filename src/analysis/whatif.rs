@@ -86,6 +86,17 @@ const SCALABLE: [&str; 7] = [
 ];
 
 /// Checks the request before any file is read.
+/// `CATEGORY=FACTOR` (`batch=0.5`) as a [`Request::scales`] entry; the error names the text.
+pub fn parse_scale(text: &str) -> Result<(String, f64), String> {
+    let (what, f) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text}: expected CATEGORY=FACTOR"))?;
+    let f: f64 = f
+        .parse()
+        .map_err(|_| format!("{text}: `{f}` is not a number"))?;
+    Ok((what.to_owned(), f))
+}
+
 pub fn validate(req: &Request) -> Result<(), String> {
     for (what, f) in &req.scales {
         if !SCALABLE.contains(&what.as_str()) {

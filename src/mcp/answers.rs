@@ -54,7 +54,7 @@ fn device(a: &Analysed, want: Option<i64>) -> Result<(&DeviceReport, &DevicePart
     let parts = a
         .parts
         .iter()
-        .find(|p| p.device == report.device)
+        .find(|p| p.replay.device == report.device)
         .ok_or_else(|| format!("{name}: device {} was not analysed", report.device))?;
     Ok((report, parts))
 }
@@ -271,9 +271,9 @@ pub fn allocation(state: &State, args: &AllocationArgs) -> Answer {
                 "free_event": x.free_event,
                 "free_time_us": time(x.free_event),
                 "stream": x.stream,
-                "origin": format!("{:?}", x.origin).to_lowercase(),
+                "origin": x.origin.name(),
                 "category": claim.category.name(),
-                "confidence": crate::store::confidence_name(claim.confidence),
+                "confidence": claim.confidence.name(),
                 "category_evidence": claim.evidence,
                 "phase": parts.phases.at(x.alloc_event).name(),
                 "step": parts.phases.step_at(x.alloc_event),
@@ -431,21 +431,8 @@ pub fn why_oom(state: &State, args: &WhyOomArgs) -> Answer {
 /// A file's full report for `diff`: from a snapshot, or from a JSON report of one file.
 fn full_report(state: &State, path: &str) -> Result<crate::report::FileReport, String> {
     let real = state.resolve(path)?;
-    let mut head = [0u8; 64];
-    let n = std::fs::File::open(&real)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
-        .unwrap_or(0);
-    let text = String::from_utf8_lossy(&head[..n]);
-    if text.trim_start().starts_with('{') && text.contains("\"schema_version\"") {
-        let mut files =
-            crate::analysis::merge::read_full_report(&real).map_err(|e| format!("{e:#}"))?;
-        if files.len() != 1 {
-            return Err(format!(
-                "{path}: the report holds {} files; diff compares one run with one run",
-                files.len()
-            ));
-        }
-        return Ok(files.remove(0));
+    if crate::analysis::merge::looks_like_json_report(&real) {
+        return crate::analysis::merge::read_one_report(&real).map_err(|e| format!("{e:#}"));
     }
     Ok(state.cache.get(&real)?.full_report().clone())
 }
@@ -516,16 +503,12 @@ pub fn check(state: &State, args: &CheckArgs) -> Answer {
 }
 
 pub fn whatif(state: &State, args: &WhatifArgs) -> Answer {
-    let mut scales = Vec::new();
-    for s in &args.scale {
-        let (what, f) = s
-            .split_once('=')
-            .ok_or_else(|| format!("scale {s}: expected CATEGORY=FACTOR"))?;
-        let f: f64 = f
-            .parse()
-            .map_err(|_| format!("scale {s}: `{f}` is not a number"))?;
-        scales.push((what.to_owned(), f));
-    }
+    let scales = args
+        .scale
+        .iter()
+        .map(|s| crate::analysis::whatif::parse_scale(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("scale {e}"))?;
     let capacity = args
         .capacity
         .as_deref()

@@ -62,21 +62,9 @@ pub fn category_index(c: Category) -> usize {
     Category::ALL.iter().position(|&x| x == c).unwrap_or(0)
 }
 
-pub fn confidence_name(c: Confidence) -> &'static str {
-    match c {
-        Confidence::High => "high",
-        Confidence::Medium => "medium",
-        Confidence::Low => "low",
-    }
-}
-
 /// `category: activations (confidence high)`.
 pub fn category_line(c: (Category, Confidence)) -> String {
-    format!(
-        "category: {} (confidence {})",
-        c.0.name(),
-        confidence_name(c.1)
-    )
+    format!("category: {} (confidence {})", c.0.name(), c.1.name())
 }
 
 /// Phases in the fixed order of legends and tooltips.

@@ -501,6 +501,14 @@ impl Trace {
         v
     }
 
+    /// Whether some entry may have `action` (false means none has: see
+    /// [`distinct_combinations`](Self::distinct_combinations)), without a pass over the entries.
+    pub fn may_have(&self, action: Action) -> bool {
+        self.distinct_combinations()
+            .iter()
+            .any(|c| c.action == action)
+    }
+
     /// How many entries have each distinct combination of what entries share (action, its
     /// text when unknown, pool id, user and internal metadata): one pass over the rows' small
     /// metadata ids, most entries first.

@@ -13,8 +13,7 @@ use rusqlite::{params, Connection, Statement};
 
 use crate::analysis::{
     self,
-    category::{Categorizer, Confidence},
-    lifetimes::Origin,
+    category::Categorizer,
     report::{DeviceAnalysis, ReportOptions},
 };
 use crate::snapshot::{Action, LoadedSnapshot, Segment, Snapshot, StackId, TextId, Trace};
@@ -126,22 +125,6 @@ fn serde_name<T: serde::Serialize>(value: &T) -> String {
     }
 }
 
-fn origin_name(o: Origin) -> &'static str {
-    match o {
-        Origin::Traced => "traced",
-        Origin::FreedInWindow => "before_window_freed",
-        Origin::Ghost => "before_window_alive",
-    }
-}
-
-pub fn confidence_name(c: Confidence) -> &'static str {
-    match c {
-        Confidence::High => "high",
-        Confidence::Medium => "medium",
-        Confidence::Low => "low",
-    }
-}
-
 /// Writes `files` into a new database at `path` (which must not exist: a store is written
 /// once, whole). `device` keeps one device of each file.
 pub fn write(
@@ -189,8 +172,12 @@ pub fn fill(
         )?;
         written.files += 1;
         written.stacks += stacks(&tx, file_id, snapshot)?;
+        // The report's lists capped as in its JSON: the rows come from the replay, and only
+        // the device's and the OOMs' figures from the report, which a cap does not change
+        // (uncapped, every allocation alive at the peak would be described one by one).
         let options = ReportOptions {
             device,
+            list_limit: Some(crate::report::JSON_LIST_LIMIT),
             ..Default::default()
         };
         for d in snapshot.devices() {
@@ -200,7 +187,7 @@ pub fn fill(
             let analysed = analysis::report::analyse_device(snapshot, d, &options);
             timer.lap("store: the report's analysis");
             let trace = snapshot.trace(d);
-            device_row(&tx, file_id, &analysed, snapshot)?;
+            device_row(&tx, file_id, &analysed)?;
             written.allocations += allocations(&tx, file_id, snapshot, &analysed)?;
             timer.lap("store: allocations");
             written.events += events(&tx, file_id, d, trace, snapshot)?;
@@ -261,29 +248,15 @@ fn stacks(tx: &Connection, file_id: i64, snapshot: &Snapshot) -> rusqlite::Resul
     Ok(count)
 }
 
-fn device_row(
-    tx: &Connection,
-    file_id: i64,
-    analysed: &DeviceAnalysis,
-    snapshot: &Snapshot,
-) -> rusqlite::Result<()> {
+fn device_row(tx: &Connection, file_id: i64, analysed: &DeviceAnalysis) -> rusqlite::Result<()> {
     let r = &analysed.report;
-    let ooms = snapshot
-        .trace(r.device)
-        .distinct_combinations()
-        .iter()
-        .any(|c| c.action == Action::Oom);
-    let oom_count = if ooms {
-        r.oom.len() as u64 + r.oom_omitted.unwrap_or(0)
-    } else {
-        0
-    };
+    let oom_count = r.oom.len() as u64 + r.oom_omitted.unwrap_or(0);
     tx.execute(
         "INSERT INTO devices VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             file_id,
             r.device,
-            analysed.replay.events as i64,
+            analysed.parts.replay.events as i64,
             r.peak.requested_bytes,
             // -1: the window's start, so that "alive after the peak" needs no NULL case.
             r.peak.event_index.map_or(-1, i64::from),
@@ -342,8 +315,8 @@ fn allocations(
 ) -> rusqlite::Result<u64> {
     let device = analysed.report.device;
     let trace = snapshot.trace(device);
-    let phases = &analysed.phases;
-    let categorizer = Categorizer::new(snapshot, phases, &analysed.replay);
+    let phases = &analysed.parts.phases;
+    let categorizer = Categorizer::new(snapshot, phases, &analysed.parts.replay);
     let has_pools = trace
         .distinct_combinations()
         .iter()
@@ -360,7 +333,7 @@ fn allocations(
             free_time_us: entry(a.free_event).and_then(|t| t.time_us),
             pool: birth.filter(|_| has_pools).and_then(|t| t.pool_id),
             category: category.name(),
-            confidence: confidence_name(confidence),
+            confidence: confidence.name(),
             phase: phases.at(born).name(),
             step: phases.step_at(born),
             annotation: (!texts.is_empty()).then(|| {
@@ -372,7 +345,7 @@ fn allocations(
             }),
         }
     };
-    let all = analysed.replay.allocations.as_slice();
+    let all = analysed.parts.replay.allocations.as_slice();
     let mut insert = tx.prepare(
         "INSERT INTO allocations VALUES
          (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
@@ -405,7 +378,7 @@ fn allocations(
                 r.confidence,
                 r.phase,
                 r.step,
-                origin_name(a.origin),
+                a.origin.name(),
                 r.annotation,
             ])?;
             Ok(())
@@ -456,11 +429,7 @@ fn ooms(
     trace: &Trace,
     analysed: &DeviceAnalysis,
 ) -> rusqlite::Result<()> {
-    if !trace
-        .distinct_combinations()
-        .iter()
-        .any(|c| c.action == Action::Oom)
-    {
+    if !trace.may_have(Action::Oom) {
         return Ok(());
     }
     let described: rustc_hash::FxHashMap<u32, &crate::report::Oom> = analysed
@@ -505,7 +474,7 @@ fn phases(
     analysed: &DeviceAnalysis,
 ) -> rusqlite::Result<()> {
     let mut insert = tx.prepare("INSERT INTO phases VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)")?;
-    for iv in &analysed.phases.intervals {
+    for iv in &analysed.parts.phases.intervals {
         insert.execute(params![
             file_id,
             device,
@@ -595,11 +564,7 @@ fn annotations(
             continue;
         }
         let trace = snapshot.trace(d);
-        if !trace
-            .distinct_combinations()
-            .iter()
-            .any(|c| c.action == Action::Annotate)
-        {
+        if !trace.may_have(Action::Annotate) {
             continue;
         }
         for (i, e) in trace.iter().enumerate() {

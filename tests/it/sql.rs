@@ -67,7 +67,7 @@ fn the_ten_documented_queries_agree_with_the_report_on_real_snapshots() {
         let report = file_report(&loaded, &ReportOptions::default());
         let d = &report.devices[0];
         let analysed = analyse_device(&loaded.snapshot, d.device, &ReportOptions::default());
-        let replay = &analysed.replay;
+        let replay = &analysed.parts.replay;
         let mut conn = database(std::slice::from_ref(&loaded));
         let q = |name: &str| queries[name].as_str();
 
@@ -137,7 +137,7 @@ fn the_ten_documented_queries_agree_with_the_report_on_real_snapshots() {
         let largest = replay
             .allocations
             .births()
-            .filter(|b| analysed.phases.at(Some(b.born)).name() == "backward")
+            .filter(|b| analysed.parts.phases.at(Some(b.born)).name() == "backward")
             .map(|b| b.requested_bytes)
             .max();
         assert_eq!(
