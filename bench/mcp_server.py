@@ -48,7 +48,7 @@ async def main(args):
             assert not res.is_error, res.content[0].text
             print(f"first call (peak): {first:.2f} s = {first / report_s:.2f}x the report")
             calls = [("peak", {}), ("report", {"top": 10}), ("live_at", {}), ("why_oom", {}),
-                     ("segments_at", {}), ("live_at", {"event": 1000}), ("check", {"max_peak": "1TiB"})]
+                     ("segments_at", {}), ("live_at", {"event": 1000}), ("allocation", {"event": 1000}), ("check", {"max_peak": "1TiB"})]
             for name, extra in calls:
                 times = []
                 for _ in range(3):
