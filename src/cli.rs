@@ -135,6 +135,10 @@ pub enum Command {
         /// the highest peak and the outliers; the report's table lists every device).
         #[arg(long)]
         all_devices: bool,
+        /// A compare page of two snapshots, base then new: both timelines on one axis, the call
+        /// sites that grew or shrank at the peak (click one to find it in both), both panels.
+        #[arg(long)]
+        compare: bool,
     },
     /// Memory timeline picture (SVG that opens offline in any browser): requested bytes of the
     /// allocations stacked over the trace like memory_viz's Active Memory Timeline, with reserved
@@ -585,7 +589,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                     stacks,
                     output,
                     salvage,
-                    (ranks, all_devices),
+                    PageOptions {
+                        ranks,
+                        all_devices,
+                        compare: false,
+                    },
                 );
             }
             let mut timer = crate::timing::Timer::new();
@@ -696,6 +704,7 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             output,
             salvage,
             all_devices,
+            compare,
         } => view_page(
             &files,
             device,
@@ -703,7 +712,11 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
             None,
             (output.as_os_str() != "-").then_some(output),
             salvage,
-            (false, all_devices),
+            PageOptions {
+                ranks: false,
+                all_devices,
+                compare,
+            },
         ),
         Command::Timeline {
             file,
@@ -1102,6 +1115,15 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
     }
 }
 
+/// What kind of page `view_page` makes.
+struct PageOptions {
+    /// The files are ranks of one job (`--ranks`).
+    ranks: bool,
+    all_devices: bool,
+    /// Two files compared, base then new (`view --compare`).
+    compare: bool,
+}
+
 /// `view` and `report --html`: the report and the interactive panels in one HTML page.
 fn view_page(
     files: &[PathBuf],
@@ -1110,60 +1132,86 @@ fn view_page(
     stacks: Option<StackFrames>,
     output: Option<PathBuf>,
     salvage: bool,
-    (rank_files, all_devices): (bool, bool),
+    page: PageOptions,
 ) -> Result<Outcome, anyhow::Error> {
+    let PageOptions {
+        ranks: rank_files,
+        all_devices,
+        compare,
+    } = page;
+    if compare && files.len() != 2 {
+        anyhow::bail!(
+            "view --compare takes two snapshots, the base then the new run (got {})",
+            files.len()
+        );
+    }
     let (loaded, unreadable) = load_readable(files, salvage)?;
+    if compare {
+        if let Some(u) = unreadable.first() {
+            anyhow::bail!("{}", u.error);
+        }
+        return compare_page(&loaded, device, top, output);
+    }
     for u in &unreadable {
         error(&u.error);
     }
-    let named: Vec<(&str, &snapshot::Snapshot)> = loaded
-        .iter()
-        .map(|l| (l.name.as_str(), &l.snapshot))
-        .collect();
-    let mut panels = crate::render::html::panels(&named, device)?;
+    // The page is drawn from what the report was made of: one decode, one analysis.
     let options = analysis::report::ReportOptions {
         device,
         all_devices,
+        model_blocks: true,
         ..Default::default()
     };
-    // A file of many devices gets tabs for the interesting ones only (which needs its report
-    // first); a browser took 53 s to open the page of 8 000 devices.
-    let many = !all_devices
-        && loaded
-            .iter()
-            .any(|l| l.snapshot.devices().len() > analysis::headline::MANY_DEVICES);
-    let early: Option<Vec<crate::report::FileReport>> =
-        many.then(|| loaded.par_iter().map(|l| report_of(l, &options)).collect());
-    if let Some(reports) = &early {
-        // The report of a file of many devices has sections for the interesting ones only.
-        let keep: Vec<(&snapshot::Snapshot, Option<Vec<i64>>)> = loaded
-            .iter()
-            .zip(reports)
-            .map(|(l, r)| {
-                let keep = (!r.device_table.is_empty())
-                    .then(|| r.devices.iter().map(|d| d.device).collect::<Vec<_>>());
-                (&l.snapshot, keep)
-            })
-            .collect();
-        panels.retain(|p| {
-            keep.iter()
-                .find(|(s, _)| std::ptr::eq(*s, p.snapshot))
-                .and_then(|(_, k)| k.as_ref())
-                .is_none_or(|k| k.binary_search(&p.device).is_ok())
-        });
+    if let Some(d) = device {
+        // A device that is not there is an error before any analysis.
+        for l in &loaded {
+            crate::render::svg::devices(&l.snapshot, Some(d))?;
+        }
     }
+    let (reports, parts): (
+        Vec<crate::report::FileReport>,
+        Vec<Vec<analysis::report::DeviceParts>>,
+    ) = loaded
+        .par_iter()
+        .map(|l| {
+            let _spinner = crate::progress::Loading::busy(&l.name, l.decoded_bytes, "analysing");
+            analysis::report::file_report_keeping(l, &options)
+        })
+        .unzip();
+    let files: Vec<crate::render::html::PageFile> = loaded
+        .iter()
+        .zip(&parts)
+        .map(|(l, p)| (l.name.as_str(), &l.snapshot, p.as_slice()))
+        .collect();
+    let mut panels = crate::render::html::panels(&files, device)?;
+    // A file of many devices gets tabs for the devices its report has a section for: a
+    // browser took 53 s to open the page of 8 000 devices.
+    panels.retain(|p| {
+        reports
+            .iter()
+            .zip(&loaded)
+            .find(|(_, l)| std::ptr::eq(&l.snapshot, p.snapshot))
+            .is_none_or(|(r, _)| {
+                r.device_table.is_empty() || r.devices.iter().any(|d| d.device == p.device)
+            })
+    });
     let title = match loaded.as_slice() {
         [one] => format!("snapscan view: {}", one.name),
         many => format!("snapscan view: {} files", many.len()),
     };
     let code = if unreadable.is_empty() { 0 } else { 2 };
+    // A job's page opens on an overview: a row per rank file, or per device of one file.
+    let ranks = (reports.len() > 1)
+        .then(|| analysis::report::rank_table(&reports, &unreadable, rank_files));
+    let overview = match (&ranks, reports.as_slice()) {
+        (Some(t), _) => Some(crate::render::html::data::overview(t, false, &panels)),
+        (None, [one]) if one.rows().len() > 1 => {
+            let t = analysis::report::device_table_as_ranks(one);
+            Some(crate::render::html::data::overview(&t, true, &panels))
+        }
+        _ => None,
+    };
     let markdown = || {
-        let reports: Vec<_> = match early {
-            Some(r) => r,
-            None => loaded.par_iter().map(|l| report_of(l, &options)).collect(),
-        };
-        let ranks = (reports.len() > 1)
-            .then(|| analysis::report::rank_table(&reports, &unreadable, rank_files));
         let report = crate::report::Report {
             schema_version: SCHEMA_VERSION,
             files: reports,
@@ -1179,12 +1227,81 @@ fn view_page(
         };
         crate::render::report_text::markdown(&report, &view)
     };
-    let bytes = crate::render::html::page(&title, markdown, &panels);
+    let bytes =
+        crate::render::html::page(&title, markdown, &panels, overview.map(|o| ("overview", o)));
     exit_soon(loaded);
     Ok(Outcome {
         output: bytes,
         target: output,
         code,
+    })
+}
+
+/// `view --compare BASE NEW`: one device of each (`device`, else the base's device with the
+/// highest peak, and the same device of the new run where it has one), the diff of the two
+/// reports as the page's report, and the compare section on top.
+fn compare_page(
+    loaded: &[LoadedSnapshot],
+    device: Option<i64>,
+    top: usize,
+    output: Option<PathBuf>,
+) -> Result<Outcome, anyhow::Error> {
+    let options = analysis::report::ReportOptions {
+        device,
+        model_blocks: true,
+        ..Default::default()
+    };
+    if let Some(d) = device {
+        for l in loaded {
+            crate::render::svg::devices(&l.snapshot, Some(d))?;
+        }
+    }
+    let (reports, parts): (
+        Vec<crate::report::FileReport>,
+        Vec<Vec<analysis::report::DeviceParts>>,
+    ) = loaded
+        .par_iter()
+        .map(|l| {
+            let _spinner = crate::progress::Loading::busy(&l.name, l.decoded_bytes, "analysing");
+            analysis::report::file_report_keeping(l, &options)
+        })
+        .unzip();
+    let peak_device = |r: &crate::report::FileReport| {
+        r.devices
+            .iter()
+            .max_by_key(|d| (d.peak.requested_bytes, std::cmp::Reverse(d.device)))
+            .map(|d| d.device)
+    };
+    let base_device = device.or_else(|| peak_device(&reports[0]));
+    let new_device = base_device
+        .filter(|d| reports[1].devices.iter().any(|x| x.device == *d))
+        .or_else(|| peak_device(&reports[1]));
+    let mut panels = Vec::new();
+    for (i, want) in [base_device, new_device].into_iter().enumerate() {
+        let (l, p) = (&loaded[i], &parts[i]);
+        let Some(part) = want.and_then(|d| p.iter().find(|x| x.replay.device == d)) else {
+            anyhow::bail!(
+                "{}: no device with segments or trace entries to compare",
+                l.name
+            );
+        };
+        panels.push(crate::render::html::Panel {
+            name: &l.name,
+            snapshot: &l.snapshot,
+            device: part.replay.device,
+            parts: part,
+        });
+    }
+    let diff = analysis::diff::diff(&reports[0], &reports[1], None);
+    let compare = crate::render::html::data::compare(&diff, &panels);
+    let title = format!("snapscan compare: {} → {}", loaded[0].name, loaded[1].name);
+    let markdown =
+        || crate::render::diff_text::markdown(&diff, &crate::render::diff_text::DiffView { top });
+    let bytes = crate::render::html::page(&title, markdown, &panels, Some(("compare", compare)));
+    Ok(Outcome {
+        output: bytes,
+        target: output,
+        code: 0,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod layout;
 pub mod leaks;
 pub mod lifetimes;
 pub mod merge;
+pub mod outlier;
 pub mod phase;
 pub mod pools;
 pub mod quality;

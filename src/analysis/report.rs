@@ -41,6 +41,9 @@ pub struct ReportOptions {
     /// [`MANY_DEVICES`](super::headline::MANY_DEVICES) only the interesting ones have a report
     /// and the rest a row of `device_table`.
     pub all_devices: bool,
+    /// Keep the allocator model's block of every allocation ([`DeviceParts::model_blocks`])
+    /// where the model runs (a trace with an OOM): the page draws the same holes as the report.
+    pub model_blocks: bool,
 }
 
 impl Default for ReportOptions {
@@ -50,6 +53,7 @@ impl Default for ReportOptions {
             held_open_limit: 50,
             list_limit: None,
             all_devices: false,
+            model_blocks: false,
         }
     }
 }
@@ -304,6 +308,43 @@ pub fn call_site_table<'a>(
     let mut sites = by_call_site(&CallSites::new(&snapshot.interner), allocations, total);
     let stacks = super::callsite::stack_table(&snapshot.interner, sites.iter_mut());
     (sites, stacks)
+}
+
+/// Per category, the call site holding most of its bytes among `live` (claimed as `claims`,
+/// in the same order); of equal sites the first by text.
+fn top_sites_by_category(
+    sites: &CallSites,
+    live: &[&Allocation],
+    claims: &[(Category, Confidence)],
+) -> std::collections::BTreeMap<String, SiteBytes> {
+    // By (category, stack, origin) first: the site's text is made once per group.
+    let mut by_stack: rustc_hash::FxHashMap<(Category, StackId, Origin), u64> = Default::default();
+    for (a, &(category, _)) in live.iter().zip(claims) {
+        let b = by_stack.entry((category, a.stack, a.origin)).or_insert(0);
+        *b = b.saturating_add(a.requested_bytes);
+    }
+    let mut by_site: HashMap<(Category, Arc<str>), u64> = HashMap::new();
+    for ((category, stack, origin), bytes) in by_stack {
+        let b = by_site
+            .entry((category, site_text(sites, stack, origin.label())))
+            .or_insert(0);
+        *b = b.saturating_add(bytes);
+    }
+    let mut top: std::collections::BTreeMap<String, SiteBytes> = Default::default();
+    for ((category, site), bytes) in by_site {
+        let slot = top.entry(category.name().to_owned()).or_insert(SiteBytes {
+            call_site: String::new(),
+            bytes: 0,
+        });
+        if (bytes, std::cmp::Reverse(&*site)) > (slot.bytes, std::cmp::Reverse(&*slot.call_site)) {
+            *slot = SiteBytes {
+                call_site: site.to_string(),
+                bytes,
+            };
+        }
+    }
+    top.retain(|_, s| s.bytes > 0);
+    top
 }
 
 /// Groups allocations by call site, largest first.
@@ -665,12 +706,13 @@ fn allocator_at_ooms(
     snapshot: &Snapshot,
     device: i64,
     events: Vec<u32>,
+    block_sizes: bool,
 ) -> crate::allocator::Simulation {
     let (settings, _) = crate::allocator::Settings::from_snapshot(snapshot);
     let opts = crate::allocator::Options {
         placements: false,
         only_ooms: Some(events),
-        block_sizes: false,
+        block_sizes,
     };
     crate::allocator::simulate(snapshot, device, &settings, &opts)
 }
@@ -718,6 +760,17 @@ pub struct DeviceParts {
     pub replay: DeviceReplay,
     /// With the training steps' positions filled in, as the report read them.
     pub phases: Phases,
+    /// With [`ReportOptions::model_blocks`] and an OOM: the block the allocator model handed
+    /// each alloc (by event, its unsplit remainder included) and the blocks alive at the window
+    /// start (by address).
+    pub model_blocks: Option<ModelBlocks>,
+}
+
+/// Block sizes from the allocator model (see [`DeviceParts::model_blocks`]).
+#[derive(Default)]
+pub struct ModelBlocks {
+    pub by_alloc_event: rustc_hash::FxHashMap<u32, u64>,
+    pub at_start: rustc_hash::FxHashMap<u64, u64>,
 }
 
 /// [`device_report`], keeping its replay and phases.
@@ -759,9 +812,20 @@ pub fn analyse_device(snapshot: &Snapshot, device: i64, options: &ReportOptions)
                 (dump, pools),
             )
         },
-        || (!detailed.is_empty()).then(|| allocator_at_ooms(snapshot, device, detailed.clone())),
+        || {
+            (!detailed.is_empty()).then(|| {
+                allocator_at_ooms(snapshot, device, detailed.clone(), options.model_blocks)
+            })
+        },
     );
-    if let Some(sim) = sim {
+    let mut model_blocks = None;
+    if let Some(mut sim) = sim {
+        if options.model_blocks {
+            model_blocks = Some(ModelBlocks {
+                by_alloc_event: std::mem::take(&mut sim.block_sizes),
+                at_start: std::mem::take(&mut sim.start_block_sizes),
+            });
+        }
         apply_allocator(&mut report, &sim, snapshot);
         super::advice::check_advice(&mut report, snapshot, sim);
     }
@@ -773,7 +837,11 @@ pub fn analyse_device(snapshot: &Snapshot, device: i64, options: &ReportOptions)
     timer.lap("the rest of the report");
     DeviceAnalysis {
         report,
-        parts: DeviceParts { replay, phases },
+        parts: DeviceParts {
+            replay,
+            phases,
+            model_blocks,
+        },
     }
 }
 
@@ -979,6 +1047,7 @@ fn device_report_with(
             },
         );
     let unsure_before_window_bytes = claim_sums.unsure_before_window;
+    let top_call_site_by_category_at_peak = top_sites_by_category(&describe.sites, &live, &claims);
     let listed = options.list_limit.unwrap_or(usize::MAX).min(live.len());
     let live_at_peak_omitted = (listed < live.len()).then(|| {
         let rest = &live[listed..];
@@ -1304,6 +1373,7 @@ fn device_report_with(
             bytes: peak_reserved,
             event_index: peak_reserved_event,
         },
+        top_call_site_by_category_at_peak,
         live_at_peak_by_call_site: by_call_site(
             &describe.sites,
             live.iter().copied(),
@@ -1563,6 +1633,7 @@ pub fn rank_row(path: &str, devices: impl Iterator<Item = RankDevice>) -> RankRo
         reserved_at_peak_bytes: 0,
         max_reserved_bytes: 0,
         error: None,
+        outlier_reason: None,
     };
     for d in devices {
         if row.peak_device.is_none() || d.peak_requested_bytes > row.peak_requested_bytes {
@@ -1592,7 +1663,35 @@ pub fn rank_table(files: &[FileReport], unreadable: &[Unreadable], ranks: bool) 
         .map(|f| rank_row(&f.path, f.rows().iter().map(RankDevice::of_row)))
         .collect();
     rows.extend(unreadable.iter().map(|u| unreadable_row(&u.path, &u.error)));
-    rank_table_from_rows(rows, ranks)
+    let mut table = rank_table_from_rows(rows, ranks);
+    // The first rows are the files', in order (the unreadable ones follow).
+    let peak_devices: Vec<Option<i64>> = table.rows.iter().map(|r| r.peak_device).collect();
+    super::outlier::explain_outliers(&mut table, |i| {
+        let want = peak_devices.get(i).copied().flatten()?;
+        files.get(i)?.devices.iter().find(|d| d.device == want)
+    });
+    table
+}
+
+/// The devices of one file as the ranks of a job (the page's overview of a many-device
+/// snapshot): a row per device, outliers among them, and why.
+pub fn device_table_as_ranks(file: &FileReport) -> RankTable {
+    let rows: Vec<RankRow> = file
+        .rows()
+        .iter()
+        .map(|d| {
+            let mut row = rank_row(&file.path, std::iter::once(RankDevice::of_row(d)));
+            row.rank = u64::try_from(d.device).ok();
+            row
+        })
+        .collect();
+    let mut table = rank_table_from_rows(rows, true);
+    let devices: Vec<Option<i64>> = table.rows.iter().map(|r| r.peak_device).collect();
+    super::outlier::explain_outliers(&mut table, |i| {
+        let want = devices.get(i).copied().flatten()?;
+        file.devices.iter().find(|d| d.device == want)
+    });
+    table
 }
 
 /// Peaks this far from the median (as a fraction of it) flag a rank as an outlier.

@@ -1222,6 +1222,20 @@ fn rank_blocks(report: &Report) -> Vec<Block> {
         },
         Block::Para(outlier_note(t)),
     ]
+    .into_iter()
+    .chain(t.rows.iter().filter_map(|r| {
+        let reason = r.outlier_reason.as_ref()?;
+        let who = match r.rank {
+            Some(k) => format!("Rank {k} ({})", safe::name(&r.path)),
+            None => safe::name(&r.path),
+        };
+        Some(Block::Para(crate::analysis::outlier::reason_text(
+            &who,
+            reason,
+            safe::name,
+        )))
+    }))
+    .collect()
 }
 
 /// How a device with no segments and no trace entries is shown, in `report` and `stats` alike.

@@ -385,6 +385,10 @@ pub struct DeviceReport {
     /// before it existed.
     #[serde(default)]
     pub category_evidence_at_peak: BTreeMap<String, String>,
+    /// Per category: the call site with the most of its bytes alive at the peak (every live
+    /// allocation counted, not only the listed ones). Absent in reports written before it.
+    #[serde(default)]
+    pub top_call_site_by_category_at_peak: BTreeMap<String, SiteBytes>,
     /// Requested bytes alive at the peak by the phase that allocated them.
     pub phases_at_peak: BTreeMap<String, u64>,
     /// Per training step: its peak and the level it started from.
@@ -597,6 +601,13 @@ pub struct CallSiteBytes {
     pub via: Option<String>,
 }
 
+/// A call site and bytes of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SiteBytes {
+    pub call_site: String,
+    pub bytes: u64,
+}
+
 /// Stacks as the call-site tables reference them (`stack_id`), each once: its lines, innermost
 /// first.
 pub type StackTable = Vec<Vec<String>>;
@@ -790,6 +801,25 @@ pub struct RankRow {
     /// Why the input could not be read (its figures are then 0); absent for readable files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why an outlier stands out (absent for the others, and where its device has no report).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outlier_reason: Option<OutlierReason>,
+}
+
+/// The category of memory at an outlier's peak that is furthest from the median of its job,
+/// and the call site that holds most of it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OutlierReason {
+    pub category: String,
+    /// Bytes of `category` alive at this rank's peak.
+    pub bytes: u64,
+    /// The median of the same over the job's ranks.
+    pub median_bytes: u64,
+    /// The call site with the most bytes of `category` alive at that peak, and those bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_site: Option<String>,
+    #[serde(default)]
+    pub call_site_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -262,3 +262,92 @@ def test_an_annotation_is_found_by_search_and_shown_in_the_details(browser, work
     assert "1 allocations match" in page.locator(".search-info").inner_text()
     assert not o.errors
     o.close()
+
+
+def _scaled(snap, factor):
+    """The snapshot with every address and size times `factor`: the same allocator history at a
+    larger scale (its layout stays valid)."""
+    keys = {"address", "total_size", "allocated_size", "active_size", "requested_size", "size", "addr"}
+
+    def walk(o):
+        if isinstance(o, dict):
+            return {k: (v * factor if k in keys and isinstance(v, int) else walk(v)) for k, v in o.items()}
+        if isinstance(o, list):
+            return [walk(x) for x in o]
+        return o
+
+    return walk(snap)
+
+
+def test_a_job_opens_on_an_overview_that_names_the_outlier(browser, work):
+    import os
+    import pickle
+
+    src = fixture("real", "MAGMA27__assignment2-systems__memory_snapshot.pickle")
+    with open(src, "rb") as f:
+        snap = pickle.load(f)
+    job = os.path.join(work, "job")
+    os.makedirs(job, exist_ok=True)
+    ranks = 20
+    for r in range(ranks):
+        with open(os.path.join(job, f"rank{r}.pickle"), "wb") as f:
+            pickle.dump(_scaled(snap, 2) if r == 7 else snap, f, protocol=4)
+    out = os.path.join(work, "job.html")
+    run("view", job, "-o", out)
+    o = Opened(browser, out)
+    assert o.requests == [o.url]
+    assert not o.errors
+    assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    rows = o.page.evaluate("window.snapscan.overview()")
+    assert len(rows) == ranks
+    # Largest first: the outlier leads, named with its reason.
+    assert rows[0]["label"] == "rank 7" and rows[0]["outlier"]
+    assert [r["label"] for r in rows if r["outlier"]] == ["rank 7"]
+    assert "more activations than the median" in rows[0]["reason"], rows[0]
+    assert o.page.locator(".ov-reason").first.inner_text().startswith("⚠ rank 7:")
+    # A job this big opens on the overview alone; its row (or Enter on it) opens the panel.
+    assert o.page.locator(".panel:not([hidden])").count() == 0
+    o.page.locator(".ov-row").first.focus()
+    o.page.keyboard.press("Enter")
+    o.page.wait_for_timeout(200)
+    assert o.api("p.file").endswith("rank7.pickle")
+    assert o.api("p.peak()")["bytes"] == rows[0]["peak"]
+    assert not o.errors
+    o.screenshot("job-overview")
+    o.close()
+
+
+def test_the_compare_page_lists_the_call_site_that_grew_and_finds_it_in_both(browser, work):
+    import json
+    import os
+
+    base = fixture("real", "Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle")
+    new = fixture("real", "notHanmin__assignment2-systems__memory_snapshot.pickle")
+    out = os.path.join(work, "compare.html")
+    run("view", "--compare", base, new, "-o", out)
+    diff = json.loads(run("diff", "--format", "json", base, new).stdout)
+    grew = max(diff["devices"][0]["call_sites_at_peak"], key=lambda k: k["delta_bytes"])
+    o = Opened(browser, out)
+    assert o.requests == [o.url]
+    assert not o.errors
+    assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    c = o.page.evaluate("window.snapscan.compare()")
+    # Both peaks as the diff gives them, and the site that grew most listed first.
+    assert [r["peak"] for r in c["runs"]] == [diff["devices"][0]["peak"]["base"], diff["devices"][0]["peak"]["new"]]
+    assert c["sites"][0]["key"] == grew["key"] and c["sites"][0]["delta"] == grew["delta_bytes"]
+    # Both panels open at their peaks.
+    for i in (0, 1):
+        o.page.evaluate(f"window.snapscan.panel({i})")
+        assert o.api("p.scrub()") == o.api("p.peak().state")
+    o.page.locator("#compare .cmp-row.click").first.click()
+    o.page.wait_for_timeout(200)
+    found = []
+    for i in (0, 1):
+        o.page.evaluate(f"window.snapscan.panel({i})")
+        found.append(o.api("p.search()"))
+    # New in the second run: found there only.
+    assert found[1]["count"] > 0, found
+    assert found[0]["count"] == (0 if grew["change"] == "new" else found[0]["count"])
+    assert not o.errors
+    o.screenshot("compare")
+    o.close()

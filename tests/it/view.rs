@@ -290,3 +290,180 @@ fn the_page_carries_the_user_s_annotation_on_its_allocation() {
     let req = blob.column(0, "req", false);
     assert_eq!(req[row], 32 << 20);
 }
+
+/// A job of `ranks` rank files: copies of the real snapshot `normal`, rank `big` a copy of
+/// `other` (a run of the same course assignment with a larger model and optimizer).
+fn job_from(normal: &str, other: &str, ranks: usize, big: usize, tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("snapscan-job-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for r in 0..ranks {
+        let src = if r == big { other } else { normal };
+        std::fs::copy(fixture(src), dir.join(format!("rank{r}.pickle"))).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn a_job_page_opens_on_an_overview_that_names_the_outlier_and_why() {
+    let dir = job_from(
+        "real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle",
+        "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
+        6,
+        3,
+        "overview",
+    );
+    let d = dir.to_str().unwrap();
+    // The report names rank 3 as the outlier, and why: the category that grew most against
+    // the median rank, and the call site that holds most of it.
+    let out = snapscan()
+        .args(["report", "--format", "json", d])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["ranks"]["rows"].as_array().unwrap();
+    let outliers: Vec<&Value> = rows.iter().filter(|r| r["outlier"] == true).collect();
+    assert_eq!(outliers.len(), 1, "{rows:?}");
+    assert_eq!(outliers[0]["rank"], 3);
+    let files = v["files"].as_array().unwrap();
+    let of = |rank: &str| {
+        let f = files
+            .iter()
+            .find(|f| f["path"].as_str().unwrap().ends_with(rank))
+            .unwrap();
+        f["devices"][0].clone()
+    };
+    let (normal, big) = (of("rank0.pickle"), of("rank3.pickle"));
+    // The median rank is one of the five copies: the category furthest above it is the one
+    // where the two runs differ most.
+    let bytes = |d: &Value, c: &str| d["categories_at_peak"][c].as_u64().unwrap_or(0) as i64;
+    let largest = big["categories_at_peak"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .max_by_key(|c| bytes(&big, c) - bytes(&normal, c))
+        .cloned()
+        .unwrap();
+    let why = &outliers[0]["outlier_reason"];
+    assert_eq!(why["category"], largest.as_str());
+    assert_eq!(why["bytes"], big["categories_at_peak"][&largest]);
+    assert_eq!(why["median_bytes"], normal["categories_at_peak"][&largest]);
+    let top = &big["top_call_site_by_category_at_peak"][&largest];
+    assert_eq!(why["call_site"], top["call_site"]);
+    assert_eq!(why["call_site_bytes"], top["bytes"]);
+    assert!(why["call_site_bytes"].as_u64().unwrap() > 0);
+    let text = String::from_utf8(snapscan().args(["report", d]).output().unwrap().stdout).unwrap();
+    let line = format!("more {largest} than the median");
+    assert!(text.contains("Rank 3 (") && text.contains(&line), "{text}");
+
+    // The page carries the same overview: a row per rank, the outlier with its reason, and
+    // the panel that each row opens.
+    let page = view(&[d]);
+    let blob = Blob::of(&page);
+    let o = &blob.header["overview"];
+    assert_eq!(o["kind"], "ranks");
+    let rows = o["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    let flagged: Vec<&Value> = rows.iter().filter(|r| r["outlier"] == true).collect();
+    assert_eq!(flagged.len(), 1);
+    assert_eq!(flagged[0]["label"], "rank 3");
+    let reason = flagged[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("rank 3: ") && reason.contains(&line),
+        "{reason}"
+    );
+    for r in rows {
+        let p = r["panel"].as_i64().unwrap() as usize;
+        let panel = blob.device(p);
+        assert!(r["path"]
+            .as_str()
+            .unwrap()
+            .ends_with(panel["file"].as_str().unwrap()));
+        assert_eq!(panel["peak"]["bytes"], r["peak"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_many_device_snapshot_gets_an_overview_by_device() {
+    let page = view(&["fixtures/synth/three-devices.pickle"]);
+    let blob = Blob::of(&page);
+    let o = &blob.header["overview"];
+    assert_eq!(o["kind"], "devices");
+    let rows = o["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    let report = report_json("fixtures/synth/three-devices.pickle");
+    for d in report["files"][0]["devices"].as_array().unwrap() {
+        let row = rows
+            .iter()
+            .find(|r| r["label"] == format!("device {}", d["device"]).as_str())
+            .unwrap();
+        assert_eq!(row["peak"], d["peak"]["requested_bytes"]);
+        let panel = blob.device(row["panel"].as_u64().unwrap() as usize);
+        assert_eq!(panel["device"], d["device"]);
+    }
+    // One device, one file: no overview.
+    let one = Blob::of(&view(&[
+        "fixtures/real/MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    ]));
+    assert!(one.header["overview"].is_null());
+}
+
+#[test]
+fn the_compare_page_carries_both_curves_and_the_diff_s_call_sites() {
+    let base =
+        "fixtures/real/Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle";
+    let new = "fixtures/real/notHanmin__assignment2-systems__memory_snapshot.pickle";
+    let blob = Blob::of(&view(&["--compare", base, new]));
+    let c = &blob.header["compare"];
+    let diff: Value = serde_json::from_slice(
+        &snapscan()
+            .current_dir(common::root())
+            .args(["diff", "--format", "json", base, new])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let d = &diff["devices"][0];
+    assert_eq!(c["peak_delta"], d["peak"]["delta"]);
+    for (i, path) in [base, new].into_iter().enumerate() {
+        let run = &c["runs"][i];
+        let report = report_json(path);
+        let peak = &report["files"][0]["devices"][0]["peak"];
+        assert_eq!(run["peak"], peak["requested_bytes"]);
+        assert_eq!(run["peak_event"], peak["event_index"]);
+        // The curve's points keep the exact peak: the highest point is it.
+        let top = run["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p[1].as_i64().unwrap())
+            .max()
+            .unwrap();
+        assert_eq!(Value::from(top), peak["requested_bytes"]);
+        // Each run's panel is its own file, base first.
+        assert_eq!(blob.device(i)["file"].as_str().unwrap(), path);
+    }
+    // The call sites that changed most, as the diff gives them.
+    let mut changed: Vec<&Value> = d["call_sites_at_peak"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["change"] != "same")
+        .collect();
+    changed.sort_by_key(|k| std::cmp::Reverse(k["delta_bytes"].as_i64().unwrap().abs()));
+    let sites = c["sites"].as_array().unwrap();
+    assert!(!sites.is_empty());
+    for (row, want) in sites.iter().zip(changed) {
+        assert_eq!(row["delta"], want["delta_bytes"]);
+        assert_eq!(row["key"], want["key"]);
+    }
+    // Two snapshots exactly.
+    let out = snapscan()
+        .current_dir(common::root())
+        .args(["view", "--compare", base, "-o", "-"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("takes two snapshots"));
+}

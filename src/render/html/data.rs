@@ -15,8 +15,9 @@ use super::super::svg;
 use crate::analysis::callsite::{call_site, format_frame, is_native, viewer_shows};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::layout::segment_lifetimes;
-use crate::analysis::lifetimes::{replay_device, Origin};
-use crate::analysis::phase::{find_phases, Phase};
+use crate::analysis::lifetimes::Origin;
+use crate::analysis::phase::Phase;
+use crate::analysis::report::DeviceParts;
 use crate::snapshot::{Action, PoolKind, Snapshot, StackId};
 
 /// Requests up to this size are served from the small pool (as the report's OOM figures).
@@ -170,37 +171,36 @@ impl<'a> Stacks<'a> {
     }
 }
 
-/// Header and columns of one device.
-pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Columns) {
-    let replay = replay_device(snapshot, device);
+/// Header and columns of one device, from what its report was made of (`parts`: the replay,
+/// the phases and, where the report ran the allocator model, its block sizes).
+pub fn device_data(
+    name: &str,
+    snapshot: &Snapshot,
+    device: i64,
+    parts: &DeviceParts,
+) -> (Value, Columns) {
+    let replay = &parts.replay;
+    let phases = &parts.phases;
     let trace = snapshot.trace(device);
     // Where the report explains an OOM with the allocator model, the page's allocator state
     // uses its exact block sizes too (unsplit remainders included), so that both show the
     // same holes; elsewhere the block sizes are the requests rounded, as before.
-    let exact = trace.iter().any(|e| e.action == Action::Oom).then(|| {
-        let (settings, _) = crate::allocator::Settings::from_snapshot(snapshot);
-        let opts = crate::allocator::Options {
-            block_sizes: true,
-            only_ooms: Some(Vec::new()),
-            ..Default::default()
-        };
-        crate::allocator::simulate(snapshot, device, &settings, &opts)
-    });
     let block_of = |a: &crate::analysis::lifetimes::Allocation| -> u64 {
-        let Some(sim) = &exact else {
+        let Some(model) = &parts.model_blocks else {
             return a.block_bytes;
         };
-        let model = match a.alloc_event {
-            Some(e) => sim.block_sizes.get(&e),
-            None => sim.start_block_sizes.get(&a.address),
+        let size = match a.alloc_event {
+            Some(e) => model.by_alloc_event.get(&e),
+            None => model.at_start.get(&a.address),
         };
-        model.copied().unwrap_or(a.block_bytes)
+        size.copied().unwrap_or(a.block_bytes)
     };
     let n = replay.events;
-    let phases = find_phases(snapshot, device);
     let (peak, peak_event) = replay.requested.peak();
     let (reserved_peak, reserved_peak_event) = replay.reserved.peak();
-    let categorizer = Categorizer::new(snapshot, &phases, &replay);
+    let mut timer = crate::timing::Timer::new();
+    let categorizer = Categorizer::new(snapshot, phases, replay);
+    timer.lap("view: categorizer");
     let mut stacks = Stacks::new(snapshot);
     let mut streams: Vec<u64> = vec![0];
     let stream_of = |s: u64, streams: &mut Vec<u64>| -> u64 {
@@ -273,6 +273,7 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
         });
     }
 
+    timer.lap("view: allocation columns");
     // Event times (µs since the first timed event), and the events with a stack of their own.
     let t0 = trace.iter().find_map(|e| e.time_us);
     let mut times = Col::with_capacity(n);
@@ -304,7 +305,9 @@ pub fn device_data(name: &str, snapshot: &Snapshot, device: i64) -> (Value, Colu
     }
 
     // Segments over the trace.
-    let lives = segment_lifetimes(snapshot, &replay);
+    timer.lap("view: event columns");
+    let lives = segment_lifetimes(snapshot, replay);
+    timer.lap("view: segment lifetimes");
     let mut pools: Vec<Option<(i64, i64)>> = vec![None];
     let mut s_addr = Col::with_capacity(lives.len() * 3);
     let mut s_size = Col::with_capacity(lives.len() * 3);
@@ -425,5 +428,127 @@ pub fn legend() -> Value {
         "phase_colours": Phase::ALL.iter().map(|&p| svg::phase_colour(p).0).collect::<Vec<_>>(),
         "phase_ink": Phase::ALL.iter().map(|&p| svg::phase_colour(p).1).collect::<Vec<_>>(),
         "palette": svg::PALETTE,
+    })
+}
+
+/// The page's overview of a job (a row per rank file, or per device of one file): its figures,
+/// the outliers and why, and the panel each row opens (`-1`: none on this page).
+pub fn overview(
+    table: &crate::report::RankTable,
+    by_device: bool,
+    panels: &[super::Panel],
+) -> Value {
+    let rows: Vec<Value> = table
+        .rows
+        .iter()
+        .map(|r| {
+            let panel = panels
+                .iter()
+                .position(|p| p.name == r.path && Some(p.device) == r.peak_device)
+                .map_or(-1, |i| i as i64);
+            let who = match (by_device, r.rank) {
+                (true, _) => format!("device {}", r.peak_device.unwrap_or(-1)),
+                (false, Some(k)) => format!("rank {k}"),
+                (false, None) => r.path.clone(),
+            };
+            json!({
+                "label": who,
+                "path": r.path,
+                "device": r.peak_device,
+                "peak": r.peak_requested_bytes.max(0),
+                "reserved_at_peak": r.reserved_at_peak_bytes,
+                "max_reserved": r.max_reserved_bytes,
+                "oom": r.oom,
+                "outlier": r.outlier,
+                "error": r.error,
+                "reason": r.outlier_reason.as_ref().map(|why| {
+                    crate::analysis::outlier::reason_text(&who, why, |s| format!("`{s}`"))
+                }),
+                "panel": panel,
+            })
+        })
+        .collect();
+    json!({
+        "kind": if by_device { "devices" } else { "ranks" },
+        "median_peak": table.median_peak_requested_bytes.max(0),
+        "one_job": table.ranks_of_one_job,
+        "rule": table.outlier_rule,
+        "rows": rows,
+    })
+}
+
+/// Points per run of the compare page's curves: each the highest level of its range of events
+/// (so the peak is exact at any zoom of that picture).
+const COMPARE_POINTS: usize = 1500;
+
+/// `(first event, highest requested, highest reserved)` per range of events, ranges of equal
+/// length; the level at window start first (event -1).
+fn curve_points(replay: &crate::analysis::lifetimes::DeviceReplay) -> Vec<Value> {
+    let n = replay.events;
+    let mut out = vec![json!([
+        -1,
+        replay.requested.start.max(0),
+        replay.reserved.start.max(0)
+    ])];
+    let buckets = n.min(COMPARE_POINTS);
+    for b in 0..buckets {
+        let (first, last) = (b * n / buckets, ((b + 1) * n / buckets).saturating_sub(1));
+        let (req, _) = replay.requested.peak_between(first, last);
+        let (res, _) = replay.reserved.peak_between(first, last);
+        out.push(json!([first, req.max(0), res.max(0)]));
+    }
+    out
+}
+
+/// The compare page's section: both runs' curves and peaks, and the call sites and categories
+/// at the peak that changed, from the diff of their reports. `panels` are the base's and the
+/// new run's.
+pub fn compare(diff: &crate::report::DiffReport, panels: &[super::Panel]) -> Value {
+    use crate::report::{Change, KeyDelta};
+    let runs: Vec<Value> = panels
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let replay = &p.parts.replay;
+            let (peak, peak_event) = replay.requested.peak();
+            json!({
+                "file": p.name,
+                "device": p.device,
+                "panel": i,
+                "events": replay.events,
+                "peak": peak.max(0),
+                "peak_event": peak_event,
+                "points": curve_points(replay),
+            })
+        })
+        .collect();
+    let device = diff
+        .devices
+        .iter()
+        .find(|d| panels.first().is_some_and(|p| p.device == d.device))
+        .or(diff.devices.first());
+    let rows = |list: &[KeyDelta], keep: usize| -> Vec<Value> {
+        let mut changed: Vec<&KeyDelta> =
+            list.iter().filter(|k| k.change != Change::Same).collect();
+        changed.sort_by_key(|k| std::cmp::Reverse(k.delta_bytes.unsigned_abs()));
+        changed
+            .into_iter()
+            .take(keep)
+            .map(|k| {
+                json!({
+                    "key": k.key,
+                    "change": k.change,
+                    "base": k.base_bytes,
+                    "new": k.new_bytes,
+                    "delta": k.delta_bytes,
+                })
+            })
+            .collect()
+    };
+    json!({
+        "runs": runs,
+        "peak_delta": device.map(|d| d.peak.delta),
+        "sites": device.map(|d| rows(&d.call_sites_at_peak, 40)).unwrap_or_default(),
+        "categories": device.map(|d| rows(&d.categories_at_peak, 20)).unwrap_or_default(),
     })
 }

@@ -14,6 +14,7 @@ use std::io::Write;
 use rayon::prelude::*;
 use serde_json::json;
 
+use crate::analysis::report::DeviceParts;
 use crate::snapshot::{Action, Snapshot};
 
 const SCRIPT: &str = include_str!("view.js");
@@ -25,25 +26,32 @@ const CHUNK: usize = 4 << 20;
 /// The page's policy: no request of any kind, inline script and style only.
 pub const CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'none'; base-uri 'none'; form-action 'none'";
 
-/// One panel of the page: a device of a snapshot.
+/// One panel of the page: a device of a snapshot, with what its report was made of.
 pub struct Panel<'a> {
     pub name: &'a str,
     pub snapshot: &'a Snapshot,
     pub device: i64,
+    pub parts: &'a DeviceParts,
 }
 
-/// The panels of the snapshots (every device, or only `device`), the devices with an OOM first.
-pub fn panels<'a>(
-    files: &[(&'a str, &'a Snapshot)],
-    device: Option<i64>,
-) -> anyhow::Result<Vec<Panel<'a>>> {
+/// A snapshot as the page gets it: its name, the snapshot and the parts of the devices that
+/// its report analysed.
+pub type PageFile<'a> = (&'a str, &'a Snapshot, &'a [DeviceParts]);
+
+/// The panels of the snapshots (every device, or only `device`; a device the report did not
+/// analyse has none), the devices with an OOM first.
+pub fn panels<'a>(files: &[PageFile<'a>], device: Option<i64>) -> anyhow::Result<Vec<Panel<'a>>> {
     let mut out = Vec::new();
-    for &(name, snapshot) in files {
+    for &(name, snapshot, parts) in files {
         for d in super::svg::devices(snapshot, device)? {
+            let Some(parts) = parts.iter().find(|p| p.replay.device == d) else {
+                continue;
+            };
             out.push(Panel {
                 name,
                 snapshot,
                 device: d,
+                parts,
             });
         }
     }
@@ -95,21 +103,25 @@ fn script_text(text: &str) -> String {
 }
 
 /// The whole page: `title`, the report (Markdown from `report_markdown`, which runs while the
-/// panels' data is gathered) and the panels.
+/// panels' data is gathered), the panels and the section the page opens on: a job's
+/// `overview` ([`data::overview`]) or a `compare` of two runs ([`data::compare`]).
 pub fn page(
     title: &str,
     report_markdown: impl FnOnce() -> String + Send,
     panels: &[Panel],
+    section: Option<(&str, serde_json::Value)>,
 ) -> Vec<u8> {
+    let mut timer = crate::timing::Timer::new();
     let (report_html, devices) = rayon::join(
         || markdown::to_html(&report_markdown()),
         || {
             panels
                 .par_iter()
-                .map(|p| data::device_data(p.name, p.snapshot, p.device))
+                .map(|p| data::device_data(p.name, p.snapshot, p.device, p.parts))
                 .collect::<Vec<_>>()
         },
     );
+    timer.lap("the page's data");
     // The blob: u32 header length, the header (JSON), then every column back to back.
     let mut headers = Vec::with_capacity(devices.len());
     let mut offset = 0usize;
@@ -128,11 +140,14 @@ pub fn page(
         h["columns"] = serde_json::Value::Object(cols);
         headers.push(h);
     }
-    let header = json!({
+    let mut header = json!({
         "title": title,
         "legend": data::legend(),
         "devices": headers,
     });
+    if let Some((name, value)) = section {
+        header[name] = value;
+    }
     let header_bytes = serde_json::to_vec(&header).unwrap_or_default();
     let mut blob = Vec::with_capacity(4 + header_bytes.len() + offset);
     blob.extend_from_slice(&(header_bytes.len() as u32).to_le_bytes());
@@ -143,6 +158,7 @@ pub fn page(
         }
     }
     let chunks: Vec<String> = blob.par_chunks(CHUNK).map(|c| base64(&gzip(c))).collect();
+    timer.lap("the page's data compressed");
 
     let mut out =
         String::with_capacity(chunks.iter().map(|c| c.len() + 64).sum::<usize>() + (1 << 20));

@@ -20,6 +20,7 @@
   const CHECK = 64; // states per block of the level sweep's summaries
   const M = { left: 78, right: 16, top: 26, plot: 380, band: 16, axis: 34 };
   const UNKNOWN_PHASE = 5;
+  const MAX_TABS = 16; // more panels than this: a list to pick from instead of tabs
   const ABBREV = { forward: 'fwd', backward: 'bwd', optimizer: 'opt', unknown: '?' };
 
   // ---------- formatting ----------
@@ -1304,6 +1305,106 @@
     }
   }
 
+  // ---------- the job overview ----------
+  // A bar per rank (or device): peak requested, reserved at that peak behind it, the OOM and
+  // the outlier marked, largest first. A click (or Enter) opens the rank's panel. Only the
+  // first rows, the outliers and the OOMs are built until "show all" is asked for.
+  const OVERVIEW_ROWS = 100;
+  function overview(o, open) {
+    const rows = o.rows.slice().sort((a, b) => b.peak - a.peak || a.label.localeCompare(b.label, 'en', { numeric: true }));
+    const max = Math.max(1, ...rows.map((r) => Math.max(r.peak, r.reserved_at_peak)));
+    const kind = o.kind === 'devices' ? 'devices' : 'ranks';
+    const outliers = rows.filter((r) => r.outlier);
+    const box = el('section', { class: 'overview', id: 'overview', 'aria-label': 'Overview' });
+    box.append(el('h3', { text: rows.length + ' ' + kind + ': median peak ' + fmtBytes(o.median_peak) + (outliers.length ? ', ' + outliers.length + ' outlier' + (outliers.length > 1 ? 's' : '') : ', no outlier') }));
+    for (const r of outliers) if (r.reason) box.append(el('p', { class: 'ov-reason', text: '⚠ ' + r.reason }));
+    box.append(el('p', { class: 'muted ov-note', text: 'Bars: peak requested (dark) and reserved at that peak (light), largest first. ' + (o.one_job ? 'Outliers: ' + o.rule + '.' : 'Outliers are flagged only for the ranks of one job (a rank number in every file name, or --ranks).') + ' Click a row to open it.' }));
+    const list = el('div', { class: 'ov-list', role: 'list' });
+    const make = (r) => {
+      const w = (v) => (100 * v / max).toFixed(2) + '%';
+      const bar = el('span', { class: 'ov-bar' }, el('i', { class: 'ov-res', style: 'width:' + w(r.reserved_at_peak) }), el('i', { class: 'ov-peak', style: 'width:' + w(r.peak) }));
+      const value = r.error ? 'unreadable' : fmtBytes(r.peak) + ' · reserved ' + fmtBytes(r.reserved_at_peak);
+      const row = el('button', { type: 'button', role: 'listitem', class: 'ov-row' + (r.outlier ? ' outlier' : '') + (r.oom ? ' oom' : ''), title: r.path + (r.reason ? '\n' + r.reason : '') },
+        el('span', { class: 'ov-label', text: r.label }), bar,
+        el('span', { class: 'ov-value', text: value + (r.oom ? ' · OOM' : '') + (r.outlier ? ' · outlier' : '') }));
+      row.dataset.label = r.label; row.dataset.peak = String(r.peak); row.dataset.panel = String(r.panel);
+      if (r.reason) row.dataset.reason = r.reason;
+      if (r.panel >= 0) row.addEventListener('click', () => { open(r.panel); window.snapscan.setHash && window.snapscan.setHash(); });
+      else row.disabled = true;
+      return row;
+    };
+    const first = rows.filter((r, i) => i < OVERVIEW_ROWS || r.outlier || r.oom);
+    for (const r of first) list.append(make(r));
+    box.append(list);
+    if (first.length < rows.length) {
+      const more = el('button', { type: 'button', class: 'ov-more', text: 'Show all ' + rows.length + ' ' + kind });
+      more.addEventListener('click', () => { list.textContent = ''; for (const r of rows) list.append(make(r)); more.remove(); });
+      box.append(more);
+    }
+    return box;
+  }
+
+  // ---------- the compare page ----------
+  // Both runs' requested (solid) and reserved (dashed) bytes over one event axis and one byte
+  // axis, each run's peak ringed at its exact figure; then the call sites and categories that
+  // changed at the peak, a click on a site finding it in both panels.
+  const RUN_COLOURS = ['#5a5a5f', '#d95f02'];
+  function compareSection(c, find) {
+    const box = el('section', { class: 'compare', id: 'compare', 'aria-label': 'Compare' });
+    const [a, b] = c.runs;
+    const delta = c.peak_delta || 0;
+    box.append(el('h3', { text: 'Peak ' + fmtBytes(a.peak) + ' → ' + fmtBytes(b.peak) + ' (' + (delta >= 0 ? '+' : '−') + fmtBytes(Math.abs(delta)) + ')' }));
+    const legend = el('div', { class: 'legend cmp-legend' });
+    c.runs.forEach((r, i) => legend.append(el('span', { class: 'item' }, el('i', { style: 'background:' + RUN_COLOURS[i] }), el('span', { text: (i ? 'new: ' : 'base: ') + r.file + ' (device ' + r.device + ', ' + fmtInt(r.events) + ' events)' }))));
+    legend.append(el('span', { class: 'item muted', text: 'solid: requested · dashed: reserved · ring: peak' }));
+    box.append(legend);
+    const W = 1100, H = 260, L = 78, R = 16, T = 12, B = 30;
+    const canvas = el('canvas', { class: 'cmp-chart', width: String(W * (window.devicePixelRatio || 1)), height: String(H * (window.devicePixelRatio || 1)), style: 'width:' + W + 'px;height:' + H + 'px', role: 'img', 'aria-label': 'requested and reserved bytes of both runs' });
+    box.append(canvas);
+    const g = canvas.getContext('2d');
+    g.scale(window.devicePixelRatio || 1, window.devicePixelRatio || 1);
+    const xMax = Math.max(1, a.events, b.events);
+    const yMax = Math.max(1, ...c.runs.flatMap((r) => r.points.map((p) => Math.max(p[1], p[2]))));
+    const step = byteStep(yMax, 5);
+    const x = (e) => L + (e + 1) / (xMax + 1) * (W - L - R), y = (v) => T + (1 - v / yMax) * (H - T - B);
+    g.font = '11px system-ui, sans-serif'; g.fillStyle = '#5a5a5f'; g.strokeStyle = '#e5e5ea'; g.lineWidth = 1;
+    for (let v = 0; v <= yMax; v += step) { g.beginPath(); g.moveTo(L, y(v)); g.lineTo(W - R, y(v)); g.stroke(); g.textAlign = 'right'; g.fillText(fmtBytes(v), L - 6, y(v) + 4); }
+    const xs = niceStep(xMax, 8);
+    g.textAlign = 'center';
+    for (let e = 0; e <= xMax; e += xs) g.fillText(fmtInt(e), x(e), H - B + 16);
+    g.fillText('event', W - R - 20, H - 4);
+    c.runs.forEach((r, i) => {
+      for (const [col, dash] of [[2, [5, 4]], [1, []]]) {
+        g.beginPath(); g.setLineDash(dash); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = col === 1 ? 2 : 1.2;
+        r.points.forEach((p, k) => { const nx = k + 1 < r.points.length ? r.points[k + 1][0] : r.events; if (k) g.lineTo(x(p[0]), y(p[col])); else g.moveTo(x(p[0]), y(p[col])); g.lineTo(x(nx - 1), y(p[col])); });
+        g.stroke();
+      }
+      g.setLineDash([]);
+      const pe = r.peak_event == null ? -1 : r.peak_event;
+      g.beginPath(); g.arc(x(pe), y(r.peak), 6, 0, 2 * Math.PI); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = 2; g.stroke();
+    });
+    const table = (title, rows, clickable) => {
+      if (!rows.length) return;
+      box.append(el('h4', { text: title }));
+      const list = el('div', { class: 'cmp-list', role: 'list' });
+      const most = Math.max(1, ...rows.map((r) => Math.abs(r.delta)));
+      for (const r of rows) {
+        const bar = el('span', { class: 'cmp-bar' }, el('i', { class: r.delta >= 0 ? 'grew' : 'shrank', style: 'width:' + (100 * Math.abs(r.delta) / most).toFixed(1) + '%' }));
+        const row = el(clickable ? 'button' : 'div', { class: 'cmp-row' + (clickable ? ' click' : ''), role: 'listitem', title: r.key },
+          el('span', { class: 'cmp-delta ' + (r.delta >= 0 ? 'grew' : 'shrank'), text: (r.delta >= 0 ? '+' : '−') + fmtBytes(Math.abs(r.delta)) }), bar,
+          el('span', { class: 'cmp-key', text: r.key }),
+          el('span', { class: 'muted cmp-was', text: r.change + ': ' + fmtBytes(r.base) + ' → ' + fmtBytes(r.new) }));
+        row.dataset.key = r.key; row.dataset.delta = String(r.delta);
+        if (clickable) { row.type = 'button'; row.addEventListener('click', () => find(r.key)); }
+        list.append(row);
+      }
+      box.append(list);
+    };
+    table('Categories at the peak that changed', c.categories, false);
+    table('Call sites at the peak that grew or shrank (click one to find its allocations in both runs)', c.sites, true);
+    return box;
+  }
+
   // ---------- the page ----------
   async function main() {
     const t0 = performance.now();
@@ -1332,10 +1433,26 @@
       tab.addEventListener('click', () => show(i));
       tabs.append(tab); bodies.push(root);
     });
-    if (header.devices.length > 1) views.append(tabs);
+    // A job: an overview of every rank (or device) first, the tabs after it; with many
+    // panels a list to pick one from replaces the tab strip.
+    if (header.compare) return comparePage(header, body, views);
+    const manyTabs = header.devices.length > MAX_TABS;
+    let overviewBox = null, picker = null;
+    if (header.overview) {
+      overviewBox = overview(header.overview, (i) => { show(i); bodies[i].scrollIntoView({ block: 'start' }); });
+      views.append(overviewBox);
+    }
+    if (manyTabs) {
+      picker = el('select', { class: 'picker', 'aria-label': 'Open a panel' });
+      picker.append(el('option', { value: '-1', text: 'Open a rank or device (' + header.devices.length + ')…' }));
+      header.devices.forEach((h, i) => picker.append(el('option', { value: String(i), text: (many ? h.file + ' — ' : '') + 'device ' + h.device + (h.ooms.length ? ' (OOM)' : '') })));
+      picker.addEventListener('change', () => { if (+picker.value >= 0) show(+picker.value); });
+      views.append(el('div', { class: 'tools' }, el('label', { text: 'Panel: ' }), picker));
+    } else if (header.devices.length > 1) views.append(tabs);
     for (const b of bodies) views.append(b);
     function show(i) {
       bodies.forEach((b, j) => { b.hidden = j !== i; tabs.children[j].setAttribute('aria-selected', String(j === i)); });
+      if (picker) picker.value = String(i);
       if (!panels[i]) {
         let t = performance.now();
         const dev = new Device(header.devices[i], body, header.legend);
@@ -1354,15 +1471,47 @@
       setTimeout(() => { panels[i].drawSegments(); setTimeout(() => panels[i].warm(), 0); }, 0);
     }
     let active = 0;
-    if (header.devices.length) show(0);
+    if (overviewBox && manyTabs) {
+      // A big job opens on its overview alone: no panel is decoded until one is asked for.
+      bodies.forEach((b, j) => { b.hidden = true; tabs.children[j].setAttribute('aria-selected', 'false'); });
+      window.snapscan.paintMs = performance.now();
+    } else if (header.devices.length) show(0);
     document.addEventListener('keydown', (ev) => {
       const t = ev.target;
       if (t && (t.tagName === 'INPUT' || t.tagName === 'SELECT' || t.tagName === 'TEXTAREA' || t.tagName === 'CANVAS')) return;
       if (panels[active]) panels[active].key(ev);
     });
     window.snapscan.panel = (i) => { if (i !== undefined) show(i); return panels[active] && panels[active].api(); };
+    window.snapscan.overview = () => overviewBox ? [...overviewBox.querySelectorAll('.ov-row')].map((r) => ({ label: r.dataset.label, outlier: r.classList.contains('outlier'), reason: r.dataset.reason || null, peak: +r.dataset.peak, panel: +r.dataset.panel })) : null;
     window.snapscan.tabs = () => header.devices.map((h) => ({ file: h.file, device: h.device, oom: h.ooms.length > 0 }));
     window.snapscan.loadMs = performance.now() - t0;
+  }
+  // Two panels one above the other, each opened at its peak, below the compare section.
+  function comparePage(header, body, views) {
+    const panels = [];
+    const find = (key) => {
+      for (const p of panels) { p.searchBox.value = key; p.runSearch(); }
+      window.snapscan.found = key;
+    };
+    views.append(compareSection(header.compare, find));
+    header.devices.forEach((h, i) => {
+      const root = el('div', { class: 'panel cmp-panel' });
+      views.append(el('h3', { class: 'cmp-title', text: (i ? 'New: ' : 'Base: ') + h.file + ' — device ' + h.device }), root);
+      panels.push(new Panel(new Device(h, body, header.legend), root));
+    });
+    for (const p of panels) { p.draw(); p.setScrub(p.peakState); }
+    window.snapscan.paintMs = performance.now();
+    setTimeout(() => panels.forEach((p) => p.drawSegments()), 0);
+    let active = 0;
+    panels.forEach((p, i) => p.canvas.addEventListener('focus', () => { active = i; }));
+    document.addEventListener('keydown', (ev) => {
+      const t = ev.target;
+      if (t && (t.tagName === 'INPUT' || t.tagName === 'SELECT' || t.tagName === 'TEXTAREA' || t.tagName === 'CANVAS' || t.tagName === 'BUTTON')) return;
+      if (panels[active]) panels[active].key(ev);
+    });
+    window.snapscan.panel = (i) => { if (i !== undefined) active = i; return panels[active] && panels[active].api(); };
+    window.snapscan.compare = () => ({ runs: header.compare.runs.map((r) => ({ file: r.file, peak: r.peak })), sites: [...document.querySelectorAll('#compare .cmp-row.click')].map((r) => ({ key: r.dataset.key, delta: +r.dataset.delta })) });
+    window.snapscan.tabs = () => header.devices.map((h) => ({ file: h.file, device: h.device, oom: h.ooms.length > 0 }));
   }
   window.snapscan = { fmtBytes };
   window.snapscan.ready = main().then(() => true, (e) => { console.error(e); const v = document.getElementById('views'); v.append(el('p', { class: 'error', text: 'Could not show the snapshot: ' + e })); return false; });
