@@ -1115,6 +1115,9 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
     }
 }
 
+/// Past this many files a page's report has sections for the interesting ones only.
+const PAGE_FILE_SECTIONS: usize = 16;
+
 /// What kind of page `view_page` makes.
 struct PageOptions {
     /// The files are ranks of one job (`--ranks`).
@@ -1212,9 +1215,37 @@ fn view_page(
         _ => None,
     };
     let markdown = || {
+        // A big job's page has report sections for the files worth one (the outliers, those
+        // with an OOM, the highest peak): the page of 1 000 ranks with a section each was
+        // 21 MB of HTML that a browser took 12 s to read. The rank table lists every file.
+        let total = reports.len();
+        let mut files = reports;
+        let mut note = String::new();
+        if let (Some(t), true) = (&ranks, total > PAGE_FILE_SECTIONS) {
+            let top = t
+                .rows
+                .iter()
+                .filter(|r| r.error.is_none())
+                .max_by_key(|r| r.peak_requested_bytes)
+                .map(|r| r.path.clone());
+            let keep: Vec<&str> = t
+                .rows
+                .iter()
+                .filter(|r| r.outlier || r.oom || Some(&r.path) == top.as_ref())
+                .map(|r| r.path.as_str())
+                .take(PAGE_FILE_SECTIONS)
+                .collect();
+            files.retain(|f| keep.contains(&f.path.as_str()));
+            note = format!(
+                "This page's report has sections for {} of the {total} files (the outliers, those \
+                 with an OOM, the highest peak); `snapscan report` on the same files gives every \
+                 one.\n\n",
+                files.len()
+            );
+        }
         let report = crate::report::Report {
             schema_version: SCHEMA_VERSION,
-            files: reports,
+            files,
             ranks,
             unreadable,
         };
@@ -1225,7 +1256,7 @@ fn view_page(
             full: false,
             all_devices,
         };
-        crate::render::report_text::markdown(&report, &view)
+        note + &crate::render::report_text::markdown(&report, &view)
     };
     let bytes =
         crate::render::html::page(&title, markdown, &panels, overview.map(|o| ("overview", o)));

@@ -141,7 +141,7 @@ def test_the_scrubber_at_the_oom_shows_the_request_against_the_largest_hole(open
         return
     page = opened.page
     oom = case.device["oom"][0]
-    page.locator(".panel .tools").nth(1).get_by_role("button", name=re.compile("^OOM")).first.click()
+    page.locator(".panel .seg-tools").first.get_by_role("button", name=re.compile("^OOM")).first.click()
     assert opened.api("p.scrub()") == oom["event_index"] + 1
     seg = opened.api("p.segments()")
     assert seg["oom"], seg
@@ -157,7 +157,7 @@ def test_search_highlights_in_the_timeline_and_the_segments(opened, case):
     live = case.device["live_at_peak"]
     site = max(live, key=lambda a: a["requested_bytes"])["call_site"]
     query = site.split(":")[0] if not site.startswith("<") else "zzz-no-such-frame"
-    page.locator(".panel .tools").nth(1).get_by_role("button", name="peak").click()
+    page.locator(".panel .seg-tools").first.get_by_role("button", name="peak").click()
     page.fill("input[type=search]", query)
     page.wait_for_function("() => window.snapscan.panel().search() !== null")
     found = opened.api("p.search()")
@@ -351,3 +351,81 @@ def test_the_compare_page_lists_the_call_site_that_grew_and_finds_it_in_both(bro
     assert not o.errors
     o.screenshot("compare")
     o.close()
+
+
+def test_the_peak_is_the_report_s_at_every_zoom(opened, case):
+    """The ring and the figure of the peak do not depend on the zoom (the official viewer's
+    peak drops when its detail is lowered)."""
+    page = opened.page
+    want = case.device["peak"]["requested_bytes"]
+    ring_at = """() => {
+      const p = window.snapscan.panel(), f = p._panel.frame, r = p.canvasRect(), k = p.peak();
+      const py = (b) => r.top + r.plot - (b - f.y0) / (f.y1 - f.y0) * r.plot;
+      return { bytes: k.bytes, y: k.y - r.y, want_y: py(%d), head: p._panel.head.textContent };
+    }""" % want
+    r = opened.api("p.canvasRect()")
+    peak = opened.api("p.peak()")
+    seen = []
+    for notches in (0, 3, 8):
+        page.mouse.move(peak["x"], r["y"] + r["top"] + r["plot"] / 2)
+        for _ in range(notches - (seen[-1][0] if seen else 0)):
+            page.mouse.wheel(0, -240)
+            page.wait_for_timeout(30)
+        page.wait_for_timeout(100)
+        got = page.evaluate(ring_at)
+        assert got["bytes"] == want
+        assert abs(got["y"] - got["want_y"]) < 0.5, got
+        assert format_bytes(want) in got["head"]
+        seen.append((notches, opened.api("p.view()")))
+        peak = opened.api("p.peak()")
+    spans = [v["v1"] - v["v0"] for _, v in seen]
+    assert spans[0] > spans[1] > spans[2] or spans[0] <= 3, spans
+
+
+def test_what_is_alive_at_the_peak_is_the_report_s_by_call_site(opened, case):
+    page = opened.page
+    opened.api("p._panel.setScrub(p.peak().state)")
+    live = opened.api("p.live()")
+    assert format_bytes(case.device["peak"]["requested_bytes"]) in live["title"], live["title"]
+    rows = {r["site"]: r["bytes"] for r in live["rows"]}
+    listed = case.device["live_at_peak_by_call_site"][:10]
+    assert listed
+    for s in listed:
+        assert rows.get(s["call_site"]) == s["bytes"], (s, live["rows"][:12])
+    # Largest first, and a row opens its allocations, each a link to its details.
+    assert [r["bytes"] for r in live["rows"]] == sorted((r["bytes"] for r in live["rows"]), reverse=True)
+    page.locator(".live-row summary").first.click()
+    page.locator(".live-row .members a").first.click()
+    assert live["rows"][0]["site"] in opened.api("p.details()")
+    # Leaks: alive at the dump and born in the window; hiding what never dies leaves only
+    # call sites that also free.
+    opened.api("p.setLive('leaks', false)")
+    leaks = opened.api("p.live()")
+    opened.api("p.setLive('leaks', true)")
+    hidden = opened.api("p.live()")
+    assert leaks["title"].startswith("Alive at the dump and born in the window")
+    assert len(hidden["rows"]) <= len(leaks["rows"])
+    assert {r["site"] for r in hidden["rows"]} <= {r["site"] for r in leaks["rows"]}
+    opened.api("p.setLive('event', false)")
+    assert not opened.errors
+
+
+def test_a_link_opens_on_the_same_view(browser, work, case):
+    import os
+
+    first = Opened(browser, case.html)
+    n = first.api("p.events")
+    first.api("p.setView(%d, %d)" % (n // 4, n // 2))
+    first.api("p._panel.setScrub(%d)" % (n // 3))
+    first.page.wait_for_timeout(400)
+    link = first.page.evaluate("location.href")
+    view, scrub = first.api("p.view()"), first.api("p.scrub()")
+    first.close()
+    assert "#p=0&v=" in link
+    # A new page opened on the link.
+    again = Opened(browser, case.html + link[link.index("#"):])
+    got = again.api("p.view()")
+    assert abs(got["v0"] - view["v0"]) <= 1 and abs(got["v1"] - view["v1"]) <= 1, (got, view)
+    assert again.api("p.scrub()") == scrub
+    assert not again.errors
+    again.close()

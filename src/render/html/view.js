@@ -610,7 +610,7 @@
       this.sortSel = el('select', { 'aria-label': 'sort segments', onchange: () => { this.sort = this.sortSel.value; this.drawSegments(); } },
         el('option', { value: 'free', text: 'most free first' }), el('option', { value: 'size', text: 'largest first' }), el('option', { value: 'address', text: 'by address' }));
       const oomBtns = h.ooms.slice(0, 8).map((o, i) => btn(h.ooms.length > 1 ? 'OOM ' + (i + 1) : 'OOM', 'the allocator at OOM event ' + o.event + ' (o)', () => this.setScrub(o.event + 1)));
-      const segTools = el('div', { class: 'tools' },
+      const segTools = el('div', { class: 'tools seg-tools' },
         btn('◀', 'previous event ([)', () => this.setScrub(this.scrub - 1)), this.slider, btn('▶', 'next event (])', () => this.setScrub(this.scrub + 1)),
         el('label', {}, ' after event ', this.eventBox), ' ',
         btn('start', 'window start', () => this.setScrub(0)), btn('peak', 'the peak (p)', () => this.setScrub(this.peakState)), ...oomBtns, btn('end', 'the dump', () => this.setScrub(d.n)),
@@ -624,8 +624,18 @@
       this.segSpacer = el('div', { class: 'seg-spacer' }, this.segCanvas);
       const segWrap = (this.segWrap = el('div', { class: 'seg-wrap' }, this.segSpacer));
       segWrap.addEventListener('scroll', () => { if (!this.rowsPending) { this.rowsPending = true; requestAnimationFrame(() => { this.rowsPending = false; this.paintRows(); }); } });
+      // What is alive: at the scrubbed event, or the leaks (alive at the dump, born in the
+      // window), grouped by call site.
+      this.liveMode = el('select', { 'aria-label': 'what is alive', onchange: () => this.drawLive() },
+        el('option', { value: 'event', text: 'at the chosen event' }), el('option', { value: 'leaks', text: 'leaks: alive at the dump, born in the window' }));
+      this.hideNeverFreed = el('input', { type: 'checkbox', 'aria-label': 'hide what never dies', onchange: () => this.drawLive() });
+      this.liveTitle = el('div', { class: 'seg-summary' });
+      this.liveList = el('div', { class: 'live-list', role: 'list' });
+      const liveTools = el('div', { class: 'tools' }, el('label', {}, 'Alive ', this.liveMode), ' ',
+        el('label', { title: 'hide the call sites none of whose allocations is ever freed (weights, optimizer state)' }, this.hideNeverFreed, ' hide what never dies'));
       root.append(this.head, tools, this.rangeInfo,
         el('div', { class: 'split' }, el('div', { class: 'left' }, wrap, this.legendBox, hint), this.details),
+        el('h3', { text: 'What is alive, by call site' }), liveTools, this.liveTitle, this.liveList,
         el('h3', { text: 'Allocator state at an event: segments and their blocks' }), segTools, this.segSummary, this.oomBox, segWrap, this.segNote);
       this.bind();
       this.segCanvas.addEventListener('mousemove', (ev) => this.segHover(ev));
@@ -1023,6 +1033,7 @@
       a = Math.max(0, Math.min(n1 - w, a));
       this.v0 = a; this.v1 = a + w;
       if (this.v1 - this.v0 >= n1) { this.y0 = null; this.y1 = null; }
+      this.changed();
       if (quick) { if (!this.pending) { this.pending = true; requestAnimationFrame(() => { this.pending = false; this.draw(); }); } }
       else this.draw();
     }
@@ -1038,6 +1049,7 @@
     // ----- details -----
     select(a, state) {
       this.selected = a;
+      this.changed();
       const d = this.dev, h = d.h, L = d.legend;
       const box = this.details;
       box.textContent = '';
@@ -1113,6 +1125,70 @@
       this.eventBox.value = k > 0 ? String(k - 1) : '';
       if (this.frame) this.draw();
       this.drawSegments();
+      this.drawLive();
+      this.changed();
+    }
+
+    // The panel's view changed: the page's link follows it (see main).
+    changed() { if (this.onChange) this.onChange(); }
+
+    // Per call site: whether any of its allocations is ever freed in the window (computed once).
+    sitesFreed() {
+      if (this.freedBySite) return this.freedBySite;
+      const d = this.dev, h = d.h, freed = new Uint8Array(h.sites.length + 1);
+      for (let a = 0; a < d.N; a++) if (d.end[a] <= d.n) freed[h.stack_site[d.stack[a]] + 1] = 1;
+      return (this.freedBySite = freed);
+    }
+
+    // The live set (or the leaks) as a list of call sites with share bars, largest first;
+    // a row opens its largest allocations, each a link to its details and stack.
+    drawLive() {
+      if (!this.liveList.isConnected) return;
+      const t0 = performance.now();
+      const d = this.dev, h = d.h, leaks = this.liveMode.value === 'leaks';
+      const k = leaks ? d.n : this.scrub;
+      let alive = d.aliveAt(k).filter((a) => d.req[a] > 0);
+      if (leaks) alive = alive.filter((a) => d.birth[a] > 0 && d.origin[a] === 0);
+      const freed = this.hideNeverFreed.checked ? this.sitesFreed() : null;
+      const groups = new Map();
+      let total = 0, shown = 0;
+      for (const a of alive) {
+        // Without a stack: keyed by why there is none (as the report names them).
+        const s0 = h.stack_site[d.stack[a]], site = s0 >= 0 ? s0 : -1 - d.origin[a];
+        total += d.req[a];
+        if (freed && !freed[s0 + 1]) continue;
+        let g = groups.get(site);
+        if (!g) groups.set(site, (g = { site, bytes: 0, list: [] }));
+        g.bytes += d.req[a]; g.list.push(a); shown += d.req[a];
+      }
+      const rows = [...groups.values()].sort((x, y) => y.bytes - x.bytes || x.site - y.site);
+      const all = alive.length;
+      this.liveTitle.textContent = (leaks ? 'Alive at the dump and born in the window: ' : (k === 0 ? 'At window start: ' : 'After ' + d.when(k) + ': ')) +
+        fmtInt(all) + ' allocations, ' + fmtBytes(total) + ' requested' + (freed ? '; shown: ' + fmtBytes(shown) + ' from call sites that also free' : '') + '; ' + fmtInt(rows.length) + ' call sites.';
+      this.liveList.textContent = '';
+      const max = Math.max(1, total);
+      const siteName = (site) => site >= 0 ? h.sites[site] : ['<no stack recorded>', '<allocated before the trace window>', '<allocated before the trace window, still allocated at the dump>'][-1 - site] || '<no stack recorded>';
+      for (const g of rows.slice(0, 60)) {
+        g.list.sort((x, y) => d.req[y] - d.req[x] || x - y);
+        const row = el('details', { class: 'live-row', role: 'listitem' });
+        const sum = el('summary', {},
+          el('span', { class: 'live-bytes', text: fmtBytes(g.bytes) }),
+          el('span', { class: 'ov-bar' }, el('i', { class: 'ov-peak', style: 'width:' + (100 * g.bytes / max).toFixed(2) + '%' })),
+          el('span', { class: 'live-share muted', text: (100 * g.bytes / max).toFixed(1) + '% · ' + fmtInt(g.list.length) }),
+          el('span', { class: 'cmp-key', text: siteName(g.site) }));
+        row.append(sum);
+        row.dataset.site = siteName(g.site); row.dataset.bytes = String(g.bytes);
+        row.addEventListener('toggle', () => {
+          if (!row.open || row.children.length > 1) return;
+          const ul = el('ul', { class: 'members' });
+          for (const a of g.list.slice(0, 20)) ul.append(el('li', {}, el('a', { href: '#', onclick: (ev) => { ev.preventDefault(); this.select(a, k); } }, fmtBytes(d.req[a])), ' ' + d.legend.categories[d.cat[a]] + ', born ' + (d.birth[a] === 0 ? 'before the window' : d.when(d.birth[a]))));
+          if (g.list.length > 20) ul.append(el('li', { class: 'muted', text: '… and ' + fmtInt(g.list.length - 20) + ' more' }));
+          row.append(ul);
+        });
+        this.liveList.append(row);
+      }
+      if (rows.length > 60) this.liveList.append(el('p', { class: 'muted', text: '… and ' + fmtInt(rows.length - 60) + ' smaller call sites' }));
+      this.liveMs = performance.now() - t0;
     }
 
     drawSegments() {
@@ -1298,6 +1374,8 @@
           return { alloc: a, drawn: true, bytes: d.req[a], site: s >= 0 ? d.h.sites[s] : null, x: r.left + self.xOf(state + 0.5), y: r.top + (py(off) + py(off + d.req[a])) / 2, height: py(off) - py(off + d.req[a]) };
         },
         details: () => self.details.innerText,
+        live: () => ({ title: self.liveTitle.textContent, ms: self.liveMs, rows: [...self.liveList.querySelectorAll('.live-row')].map((r) => ({ site: r.dataset.site, bytes: +r.dataset.bytes })) }),
+        setLive: (mode, hide) => { self.liveMode.value = mode; self.hideNeverFreed.checked = !!hide; self.drawLive(); },
         scrub: () => self.scrub,
         segments: () => ({ summary: self.segSummary.innerText, oom: self.oomBox.hidden ? null : self.oomBox.innerText, largestHole: self.segLayout && self.segLayout.best ? self.segLayout.best.largestHole : 0, usableHole: self.segLayout && self.segLayout.usable ? self.segLayout.usable.largestHole : null, free: self.segLayout ? self.segLayout.free : 0, holes: self.segLayout ? self.segLayout.holes : 0, count: self.segLayout ? self.segLayout.layout.length : 0, highlighted: self.segLayout ? self.segLayout.highlighted : 0 }),
         search: () => self.searchResult ? { count: self.searchResult.count, drawnMatches: self.frame.picked.filter((a) => d.matchAlloc && d.matchAlloc[a]).length } : null,
@@ -1462,16 +1540,43 @@
         window.snapscan.panelMs = performance.now() - t;
       }
       active = i;
+      panels[i].onChange = writeLink;
       panels[i].draw();
       // From navigation start to the timeline's first paint.
       if (window.snapscan.paintMs == null) window.snapscan.paintMs = performance.now();
       // The segments after the timeline's first paint; then, while the page is idle, one
       // zoomed-in round of the timeline's work (not drawn), so that the first zoom step does
       // not wait for the engine to compile it.
-      setTimeout(() => { panels[i].drawSegments(); setTimeout(() => panels[i].warm(), 0); }, 0);
+      setTimeout(() => { panels[i].drawSegments(); panels[i].drawLive(); setTimeout(() => panels[i].warm(), 0); }, 0);
+      writeLink();
+    }
+    // The page's address holds the panel, the zoom, the chosen event and the selected
+    // allocation (`#p=1&v=120-480&e=300&a=17`), so that a link opens on the same view.
+    let linkTimer = 0;
+    function writeLink() {
+      clearTimeout(linkTimer);
+      linkTimer = setTimeout(() => {
+        const p = panels[active];
+        if (!p) return;
+        const hash = '#p=' + active + '&v=' + Math.round(p.v0) + '-' + Math.round(p.v1) + '&e=' + p.scrub + (p.selected >= 0 ? '&a=' + p.selected : '');
+        if (location.hash !== hash) history.replaceState(null, '', hash);
+      }, 200);
+    }
+    function readLink() {
+      const q = new URLSearchParams(location.hash.slice(1));
+      const i = +q.get('p');
+      if (!q.has('p') || !(i >= 0 && i < header.devices.length)) return false;
+      show(i);
+      const p = panels[i], v = (q.get('v') || '').split('-').map(Number);
+      if (v.length === 2 && v.every(Number.isFinite)) p.setView(v[0], v[1]);
+      if (q.has('e')) p.setScrub(+q.get('e'));
+      const a = +q.get('a');
+      if (q.has('a') && a >= 0 && a < p.dev.N) p.select(a, p.scrub);
+      bodies[i].scrollIntoView({ block: 'start' });
+      return true;
     }
     let active = 0;
-    if (overviewBox && manyTabs) {
+    if (readLink()) { /* opened on the linked view */ } else if (overviewBox && manyTabs) {
       // A big job opens on its overview alone: no panel is decoded until one is asked for.
       bodies.forEach((b, j) => { b.hidden = true; tabs.children[j].setAttribute('aria-selected', 'false'); });
       window.snapscan.paintMs = performance.now();
