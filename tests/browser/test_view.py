@@ -429,3 +429,28 @@ def test_a_link_opens_on_the_same_view(browser, work, case):
     assert again.api("p.scrub()") == scrub
     assert not again.errors
     again.close()
+
+
+def test_the_pool_filter_shows_each_pool_s_segments(browser, work):
+    import json
+    import os
+
+    snap = fixture("real", "volcengine__verl__mem_mempools.pickle")
+    out = os.path.join(work, "pools.html")
+    run("view", snap, "-o", out)
+    pools = json.loads(run("report", "--format", "json", snap).stdout)["files"][0]["devices"][0]["pools"]
+    assert len(pools) > 1
+    o = Opened(browser, out)
+    options = o.api("p.pools()")
+    assert "kind:default" in options and "kind:mempool" in options
+    o.page.locator(".panel .seg-tools").first.get_by_role("button", name="end").click()
+    total = o.api("p.segments()")["count"]
+    assert total == sum(p["segments"] for p in pools)
+    for p in pools:
+        kind = "kind:" + p["kind"]
+        o.api("p.setPool(%s)" % json.dumps(kind))
+        assert o.api("p.segments()")["count"] == sum(q["segments"] for q in pools if q["kind"] == p["kind"])
+    o.api("p.setPool('all')")
+    assert o.api("p.segments()")["count"] == total
+    assert not o.errors
+    o.close()

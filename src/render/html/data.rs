@@ -408,6 +408,14 @@ pub fn device_data(
             .iter()
             .map(|p| p.map(|(a, b)| format!("({a},{b})")))
             .collect::<Vec<_>>(),
+        // What each pool is (no pool id: the default pool), for the segments' pool filter.
+        "pool_kinds": pools
+            .iter()
+            .map(|p| crate::analysis::pools::kind_of(
+                p.unwrap_or(crate::analysis::pools::DEFAULT_POOL),
+                crate::analysis::pools::FrameHint::Nothing,
+            ))
+            .collect::<Vec<_>>(),
         "small_request_limit": SMALL_REQUEST_LIMIT,
         "frames": frames,
         "stacks": stack_list,

@@ -609,12 +609,20 @@
       this.eventBox.addEventListener('change', () => this.setScrub(Math.max(0, Math.min(d.n, (+this.eventBox.value | 0) + 1))));
       this.sortSel = el('select', { 'aria-label': 'sort segments', onchange: () => { this.sort = this.sortSel.value; this.drawSegments(); } },
         el('option', { value: 'free', text: 'most free first' }), el('option', { value: 'size', text: 'largest first' }), el('option', { value: 'address', text: 'by address' }));
+      // The segments of one kind of pool, or of one pool (shown when there is more than one).
+      this.poolSel = el('select', { 'aria-label': 'pool', onchange: () => this.drawSegments() }, el('option', { value: 'all', text: 'all pools' }));
+      const kindsSeen = [...new Set(h.pool_kinds || [])];
+      if (kindsSeen.length > 1 || (h.pools || []).length > 2) {
+        for (const kd of kindsSeen) this.poolSel.append(el('option', { value: 'kind:' + kd, text: kd.replace('_', ' ') + ' pool' + (kd === 'default' ? '' : 's') }));
+        h.pools.forEach((name, i) => { if (name && name !== '(0,0)') this.poolSel.append(el('option', { value: 'pool:' + i, text: (h.pool_kinds[i] || 'pool').replace('_', ' ') + ' ' + name })); });
+      }
+      const poolLabel = this.poolSel.options.length > 1 ? el('label', {}, 'Pool ', this.poolSel) : null;
       const oomBtns = h.ooms.slice(0, 8).map((o, i) => btn(h.ooms.length > 1 ? 'OOM ' + (i + 1) : 'OOM', 'the allocator at OOM event ' + o.event + ' (o)', () => this.setScrub(o.event + 1)));
       const segTools = el('div', { class: 'tools seg-tools' },
         btn('◀', 'previous event ([)', () => this.setScrub(this.scrub - 1)), this.slider, btn('▶', 'next event (])', () => this.setScrub(this.scrub + 1)),
         el('label', {}, ' after event ', this.eventBox), ' ',
         btn('start', 'window start', () => this.setScrub(0)), btn('peak', 'the peak (p)', () => this.setScrub(this.peakState)), ...oomBtns, btn('end', 'the dump', () => this.setScrub(d.n)),
-        el('span', { class: 'spacer' }), el('label', {}, 'Sort ', this.sortSel));
+        el('span', { class: 'spacer' }), poolLabel, ' ', el('label', {}, 'Sort ', this.sortSel));
       this.segSummary = el('div', { class: 'seg-summary' });
       this.oomBox = el('div', { class: 'oom-box', hidden: '' });
       this.segCanvas = el('canvas', { class: 'segments', 'aria-label': 'segments' });
@@ -1194,7 +1202,9 @@
     drawSegments() {
       if (!this.segCanvas.isConnected || this.segCanvas.offsetParent === null) return;
       const d = this.dev, h = d.h, k = this.scrub;
-      const layout = d.layoutAt(k);
+      const pick = this.poolSel.value, kindsOf = h.pool_kinds || [];
+      const inPool = pick === 'all' ? null : pick.startsWith('kind:') ? (s) => (kindsOf[s.pool] || 'default') === pick.slice(5) : (s) => s.pool === +pick.slice(5);
+      const layout = inPool ? d.layoutAt(k).filter(inPool) : d.layoutAt(k);
       const mode = d.mode(this.modeName);
       let reserved = 0, allocated = 0, free = 0, holes = 0, requested = 0;
       let best = null;
@@ -1377,6 +1387,8 @@
         live: () => ({ title: self.liveTitle.textContent, ms: self.liveMs, rows: [...self.liveList.querySelectorAll('.live-row')].map((r) => ({ site: r.dataset.site, bytes: +r.dataset.bytes })) }),
         setLive: (mode, hide) => { self.liveMode.value = mode; self.hideNeverFreed.checked = !!hide; self.drawLive(); },
         scrub: () => self.scrub,
+        setPool: (v) => { self.poolSel.value = v; self.drawSegments(); return self.poolSel.value; },
+        pools: () => [...self.poolSel.options].map((o) => o.value),
         segments: () => ({ summary: self.segSummary.innerText, oom: self.oomBox.hidden ? null : self.oomBox.innerText, largestHole: self.segLayout && self.segLayout.best ? self.segLayout.best.largestHole : 0, usableHole: self.segLayout && self.segLayout.usable ? self.segLayout.usable.largestHole : null, free: self.segLayout ? self.segLayout.free : 0, holes: self.segLayout ? self.segLayout.holes : 0, count: self.segLayout ? self.segLayout.layout.length : 0, highlighted: self.segLayout ? self.segLayout.highlighted : 0 }),
         search: () => self.searchResult ? { count: self.searchResult.count, drawnMatches: self.frame.picked.filter((a) => d.matchAlloc && d.matchAlloc[a]).length } : null,
       };
