@@ -226,26 +226,31 @@ pub fn allocation(state: &State, args: &AllocationArgs) -> Answer {
     if address.is_none() && args.event.is_none() {
         return Err("give an address or an event".into());
     }
-    let mut found: Vec<_> = parts
+    let mut found: Vec<(usize, crate::analysis::lifetimes::Allocation)> = parts
         .replay
         .allocations
         .iter()
-        .filter(|x| address.is_none_or(|ad| x.address == ad))
-        .filter(|x| {
+        .copied()
+        .enumerate()
+        .filter(|(_, x)| address.is_none_or(|ad| x.address == ad))
+        .filter(|(_, x)| {
             args.event.is_none_or(|e| {
                 x.alloc_event == Some(e)
                     || x.free_event == Some(e)
                     || x.free_requested_event == Some(e)
             })
         })
-        .copied()
         .collect();
-    found.sort_by_key(|x| (x.alloc_event.map_or(-1, i64::from), x.address));
+    found.sort_by_key(|(_, x)| (x.alloc_event.map_or(-1, i64::from), x.address));
     let (shown, next_cursor) = page(&found, args.cursor, args.top.unwrap_or(10));
     let snapshot = &a.loaded.snapshot;
     let trace = snapshot.trace(d.device);
-    let categorizer =
-        crate::analysis::category::Categorizer::new(snapshot, &parts.phases, &parts.replay);
+    let which = a
+        .parts
+        .iter()
+        .position(|p| std::ptr::eq(p, parts))
+        .unwrap_or(0);
+    let claims = a.claims(which);
     let sites = crate::analysis::callsite::CallSites::new(&snapshot.interner);
     let time = |e: Option<u32>| {
         e.and_then(|i| trace.get(i as usize))
@@ -253,9 +258,9 @@ pub fn allocation(state: &State, args: &AllocationArgs) -> Answer {
     };
     let lives: Vec<Value> = shown
         .iter()
-        .map(|x| {
-            let claim = categorizer.claim(x);
-            let annotations: Vec<&str> = categorizer
+        .map(|(i, x)| {
+            let claim = claims.claims[*i];
+            let annotations: Vec<&str> = claims
                 .annotations
                 .of_allocation(x)
                 .iter()
