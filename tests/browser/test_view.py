@@ -452,5 +452,14 @@ def test_the_pool_filter_shows_each_pool_s_segments(browser, work):
         assert o.api("p.segments()")["count"] == sum(q["segments"] for q in pools if q["kind"] == p["kind"])
     o.api("p.setPool('all')")
     assert o.api("p.segments()")["count"] == total
+    # A reserved line per pool in the timeline: its level at the dump and its highest level
+    # are the report's.
+    lines = o.api("p.poolLines()")
+    assert len(lines) == len(pools)
+    for p in pools:
+        name = "(%d,%d)" % tuple(p["pool_id"])
+        line = next(x for x in lines if (x["pool"] or "(0,0)") == name)
+        assert line["end"] == p["reserved_bytes"], (line, p)
+        assert line["peak"] == p["peak_reserved_bytes"], (line, p)
     assert not o.errors
     o.close()

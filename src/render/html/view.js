@@ -113,6 +113,9 @@
   }
   const POW2 = Float64Array.from({ length: 80 }, (_, e) => Math.pow(2, e - 2));
   // Quarter powers of two: 1 + 4 log2(v), 0 for nothing.
+  // Colours of the per-pool reserved lines.
+  const POOL_COLOURS = ['#1f6feb', '#d95f02', '#7570b3', '#e7298a', '#66a61e', '#a6761d'];
+  function poolColour(i) { return POOL_COLOURS[i % POOL_COLOURS.length]; }
   function sizeClass(v) {
     if (v < 1) return 0;
     const e = v < 4294967296 ? 31 - Math.clz32(v) : 63 - Math.clz32(v / 4294967296);
@@ -196,6 +199,25 @@
         const state = Math.floor(key / SH);
         lvl += takeUp ? this.sSize[segOf(key)] : -this.sSize[segOf(key)];
         this.resState[r] = state; this.resLevel[r] = lvl; r++;
+      }
+      // Reserved bytes per pool, as changes over the states, where more than one pool has
+      // segments: [{ pool, state, level }].
+      const byPool = new Map();
+      for (let s = 0; s < S; s++) {
+        const p = this.sPool[s];
+        if (!byPool.has(p)) byPool.set(p, []);
+        byPool.get(p).push([this.sFirst[s], this.sSize[s]], [this.sLast[s] + 1, -this.sSize[s]]);
+      }
+      this.poolRes = [];
+      if (byPool.size > 1) {
+        for (const [pool, changes] of byPool) {
+          changes.sort((x, y) => x[0] - y[0] || x[1] - y[1]); // frees first: no level overshoots
+          const state = new Float64Array(changes.length), level = new Float64Array(changes.length);
+          let l = 0;
+          changes.forEach((c, i) => { l += c[1]; state[i] = c[0]; level[i] = l; });
+          this.poolRes.push({ pool, state, level });
+        }
+        this.poolRes.sort((x, y) => x.pool - y.pool);
       }
       // Which stacks match the search.
       this.match = null;
@@ -774,6 +796,24 @@
       g.beginPath();
       for (let c = 0; c < W; c++) { const y = py(sw.resMax[c]); if (c) g.lineTo(M.left + c, y); else g.moveTo(M.left, y); g.lineTo(M.left + c + 1, y); }
       g.stroke(); g.setLineDash([]);
+      // Reserved bytes of each pool (more than one): the highest level in each column.
+      const sc = W / (this.v1 - this.v0);
+      d.poolRes.forEach((pr, i) => {
+        g.strokeStyle = poolColour(i); g.lineWidth = 1.2; g.setLineDash([3, 2]);
+        g.beginPath();
+        let j = 0, lvl = 0;
+        const first = this.v0;
+        while (j < pr.state.length && pr.state[j] <= first) { lvl = pr.level[j]; j++; }
+        for (let c = 0; c < W; c++) {
+          const stop = this.v0 + (c + 1) / sc;
+          let top = lvl;
+          while (j < pr.state.length && pr.state[j] < stop) { lvl = pr.level[j]; if (lvl > top) top = lvl; j++; }
+          const y = py(top);
+          if (c) g.lineTo(M.left + c, y); else g.moveTo(M.left, y);
+          g.lineTo(M.left + c + 1, y);
+        }
+        g.stroke(); g.setLineDash([]);
+      });
       // Scrubber's event.
       const xs1 = this.xOf(this.scrub + 0.5);
       g.strokeStyle = '#1f6feb'; g.lineWidth = 1.5; g.beginPath(); g.moveTo(xs1, M.top); g.lineTo(xs1, bottom); g.stroke();
@@ -903,6 +943,10 @@
         box.append(el('span', { class: 'muted' }, ' (pale: the same, summarised)'));
       }
       box.append(el('span', { class: 'item' }, el('b', { class: 'dash' }), 'reserved'), el('span', { class: 'item' }, el('b', { class: 'ring' }), 'peak'));
+      d.poolRes.forEach((pr, i) => {
+        const name = d.h.pools[pr.pool], kind = (d.h.pool_kinds || [])[pr.pool] || 'default';
+        box.append(el('span', { class: 'item' }, el('b', { class: 'dash', style: 'border-color:' + poolColour(i) }), 'reserved in the ' + kind.replace('_', ' ') + ' pool' + (name && name !== '(0,0)' ? ' ' + name : '')));
+      });
       if (d.h.ooms.length) box.append(el('span', { class: 'item' }, el('b', { class: 'oomline' }), 'OOM'));
       box.append(el('span', { class: 'item' }, el('b', { class: 'cursor' }), 'event of the segments below'));
     }
@@ -1389,6 +1433,7 @@
         scrub: () => self.scrub,
         setPool: (v) => { self.poolSel.value = v; self.drawSegments(); return self.poolSel.value; },
         pools: () => [...self.poolSel.options].map((o) => o.value),
+        poolLines: () => d.poolRes.map((pr) => ({ pool: d.h.pools[pr.pool], kind: (d.h.pool_kinds || [])[pr.pool], peak: Math.max(0, ...pr.level), end: (() => { let l = 0; for (let j = 0; j < pr.state.length && pr.state[j] <= d.n; j++) l = pr.level[j]; return l; })() })),
         segments: () => ({ summary: self.segSummary.innerText, oom: self.oomBox.hidden ? null : self.oomBox.innerText, largestHole: self.segLayout && self.segLayout.best ? self.segLayout.best.largestHole : 0, usableHole: self.segLayout && self.segLayout.usable ? self.segLayout.usable.largestHole : null, free: self.segLayout ? self.segLayout.free : 0, holes: self.segLayout ? self.segLayout.holes : 0, count: self.segLayout ? self.segLayout.layout.length : 0, highlighted: self.segLayout ? self.segLayout.highlighted : 0 }),
         search: () => self.searchResult ? { count: self.searchResult.count, drawnMatches: self.frame.picked.filter((a) => d.matchAlloc && d.matchAlloc[a]).length } : null,
       };
