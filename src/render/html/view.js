@@ -1464,7 +1464,7 @@
         el('span', { class: 'ov-value', text: value + (r.oom ? ' · OOM' : '') + (r.outlier ? ' · outlier' : '') }));
       row.dataset.label = r.label; row.dataset.peak = String(r.peak); row.dataset.panel = String(r.panel);
       if (r.reason) row.dataset.reason = r.reason;
-      if (r.panel >= 0) row.addEventListener('click', () => { open(r.panel); window.snapscan.setHash && window.snapscan.setHash(); });
+      if (r.panel >= 0) row.addEventListener('click', () => open(r.panel));
       else row.disabled = true;
       return row;
     };
