@@ -1165,22 +1165,7 @@ fn view_page(
         model_blocks: true,
         ..Default::default()
     };
-    if let Some(d) = device {
-        // A device that is not there is an error before any analysis.
-        for l in &loaded {
-            crate::render::svg::devices(&l.snapshot, Some(d))?;
-        }
-    }
-    let (reports, parts): (
-        Vec<crate::report::FileReport>,
-        Vec<Vec<analysis::report::DeviceParts>>,
-    ) = loaded
-        .par_iter()
-        .map(|l| {
-            let _spinner = crate::progress::Loading::busy(&l.name, l.decoded_bytes, "analysing");
-            analysis::report::file_report_keeping(l, &options)
-        })
-        .unzip();
+    let (reports, parts) = page_analysis(&loaded, &options)?;
     let files: Vec<crate::render::html::PageFile> = loaded
         .iter()
         .zip(&parts)
@@ -1282,21 +1267,7 @@ fn compare_page(
         model_blocks: true,
         ..Default::default()
     };
-    if let Some(d) = device {
-        for l in loaded {
-            crate::render::svg::devices(&l.snapshot, Some(d))?;
-        }
-    }
-    let (reports, parts): (
-        Vec<crate::report::FileReport>,
-        Vec<Vec<analysis::report::DeviceParts>>,
-    ) = loaded
-        .par_iter()
-        .map(|l| {
-            let _spinner = crate::progress::Loading::busy(&l.name, l.decoded_bytes, "analysing");
-            analysis::report::file_report_keeping(l, &options)
-        })
-        .unzip();
+    let (reports, parts) = page_analysis(loaded, &options)?;
     let peak_device = |r: &crate::report::FileReport| {
         r.devices
             .iter()
@@ -1410,6 +1381,32 @@ fn write_pictures(
 }
 
 /// [`analysis::report::file_report`] with a spinner on the terminal for big snapshots.
+/// The reports of a page's files, keeping what each device's report was made of (the page
+/// draws its panels from it); a `--device` that a file lacks is an error before any analysis.
+fn page_analysis(
+    loaded: &[LoadedSnapshot],
+    options: &analysis::report::ReportOptions,
+) -> Result<
+    (
+        Vec<crate::report::FileReport>,
+        Vec<Vec<analysis::report::DeviceParts>>,
+    ),
+    anyhow::Error,
+> {
+    if let Some(d) = options.device {
+        for l in loaded {
+            crate::render::svg::devices(&l.snapshot, Some(d))?;
+        }
+    }
+    Ok(loaded
+        .par_iter()
+        .map(|l| {
+            let _spinner = crate::progress::Loading::busy(&l.name, l.decoded_bytes, "analysing");
+            analysis::report::file_report_keeping(l, options)
+        })
+        .unzip())
+}
+
 fn report_of(
     loaded: &LoadedSnapshot,
     options: &analysis::report::ReportOptions,
