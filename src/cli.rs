@@ -1153,6 +1153,14 @@ fn view_page(
         if let Some(u) = unreadable.first() {
             anyhow::bail!("{}", u.error);
         }
+        // A directory or a glob can stand for any number of snapshots.
+        if loaded.len() != 2 {
+            anyhow::bail!(
+                "view --compare takes two snapshots, the base then the new run (the arguments \
+                 gave {})",
+                loaded.len()
+            );
+        }
         return compare_page(&loaded, device, top, output);
     }
     for u in &unreadable {
