@@ -2,6 +2,7 @@
 //! where the peak (or the OOM) happened. `torch.cuda.empty_cache()` is never a fix: it returns
 //! cached memory to the driver but cannot create a contiguous block or lower the peak.
 
+use super::fields::Accelerator;
 use crate::report::{Advice, AdviceCheck, DeviceReport};
 use crate::units::format_bytes;
 
@@ -21,9 +22,9 @@ fn cat(dev: &DeviceReport, name: &str) -> u64 {
 
 const RECORD_THE_WHOLE_RUN: &str = "Record from before the model is loaded";
 
-fn record_the_whole_run(reason: &str) -> Advice {
+fn record_the_whole_run(reason: &str, accel: Accelerator) -> Advice {
     advice(
-        "Record from before the model is loaded: call torch.cuda.memory._record_memory_history(max_entries=…) first, with max_entries large enough for the whole run",
+        &format!("{RECORD_THE_WHOLE_RUN}: call {}._record_memory_history(max_entries=…) first, with max_entries large enough for the whole run", accel.memory_module()),
         reason.to_owned(),
         None,
         "a long run needs a large max_entries (host memory while recording)",
@@ -73,8 +74,10 @@ pub fn advise(
     expandable_on: Option<bool>,
     stacks_recorded: bool,
     unsure_before_window_bytes: u64,
+    accel: Accelerator,
 ) -> Vec<Advice> {
     let mut out = Vec::new();
+    let record = format!("{}._record_memory_history", accel.memory_module());
     let frag_oom = dev.oom.iter().find(|o| o.verdict == "fragmentation");
     // The phase that matters: where the (first) OOM happened, else where the peak was. Advice
     // never rests on a phase the evidence does not decide.
@@ -99,14 +102,17 @@ pub fn advise(
     if let Some(o) = frag_oom {
         if expandable_on != Some(true) {
             out.push(advice(
-                "Set PYTORCH_ALLOC_CONF=expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF before torch 2.9)",
+                &format!("Set {}", accel.set_conf("expandable_segments:True")),
                 format!(
                     "the OOM was fragmentation: {} reserved but unallocated, yet no hole of {} on its stream; expandable segments map pages into one growing range, so freed space can be reused for large requests",
                     format_bytes(o.reserved_unallocated_bytes),
                     format_bytes(o.requested_bytes)
                 ),
                 Some(o.reserved_unallocated_bytes),
-                "does not help when the peak itself exceeds the device; not available with cudaMallocAsync or in CUDA-graph private pools",
+                match accel {
+                    Accelerator::Cuda => "does not help when the peak itself exceeds the device; not available with cudaMallocAsync or in CUDA-graph private pools",
+                    Accelerator::Xpu => "does not help when the peak itself exceeds the device; not available in graph private pools",
+                },
             ));
         }
         out.push(advice(
@@ -116,7 +122,7 @@ pub fn advise(
                 format_bytes(o.largest_free_block_bytes)
             ),
             None,
-            "can raise the number of cudaMalloc calls; pick a size above your typical large tensor",
+            &format!("can raise the number of {} calls; pick a size above your typical large tensor", accel.device_malloc()),
         ));
     }
 
@@ -210,7 +216,7 @@ pub fn advise(
             let what = if dev.oom.is_empty() { "the peak" } else { "the OOM" };
             if !stacks_recorded {
                 out.push(advice(
-                    "Record Python stacks: torch.cuda.memory._record_memory_history(stacks=\"python\"), then rerun snapscan",
+                    &format!("Record Python stacks: {record}(stacks=\"python\"), then rerun snapscan"),
                     format!(
                         "the phase of {what} is not decided by this trace, so no phase-specific fix is advised; with stacks each allocation names the code that made it"
                     ),
@@ -220,6 +226,7 @@ pub fn advise(
             } else if dev.peak.event_index.is_none() && dev.oom.is_empty() {
                 out.push(record_the_whole_run(
                     "the peak is the state before the first recorded event, so no allocation of the peak shows what was running; no phase-specific fix is advised",
+                    accel,
                 ));
             }
         }
@@ -232,11 +239,11 @@ pub fn advise(
                 .iter()
                 .any(|a| a.action.starts_with(RECORD_THE_WHOLE_RUN))
             {
-                out.push(record_the_whole_run(&reason));
+                out.push(record_the_whole_run(&reason, accel));
             }
         } else if !out.iter().any(|a| a.action.contains("stacks=")) {
             out.push(advice(
-                "Record Python stacks: torch.cuda.memory._record_memory_history(stacks=\"python\"), then rerun snapscan",
+                &format!("Record Python stacks: {record}(stacks=\"python\"), then rerun snapscan"),
                 reason,
                 None,
                 "recording stacks slows allocations down a little and makes the dump bigger",
@@ -246,10 +253,8 @@ pub fn advise(
     if dev.truncated {
         // The value that would have held the window, when the ring buffer wrapped.
         let action = match dev.recording.iter().find_map(|g| g.max_entries) {
-            Some(n) => format!(
-                "Record more history: torch.cuda.memory._record_memory_history(max_entries={n})"
-            ),
-            None => "Record more history: torch.cuda.memory._record_memory_history(max_entries=…) larger than now".to_owned(),
+            Some(n) => format!("Record more history: {record}(max_entries={n})"),
+            None => format!("Record more history: {record}(max_entries=…) larger than now"),
         };
         out.push(advice(
             &action,
@@ -263,7 +268,7 @@ pub fn advise(
     }
     if !stacks_recorded && dev.window.events > 0 && phase != "unknown" {
         out.push(advice(
-            "Record stacks: torch.cuda.memory._record_memory_history(stacks=\"python\") (or \"all\" for C++ frames)",
+            &format!("Record stacks: {record}(stacks=\"python\") (or \"all\" for C++ frames)"),
             "no frames were recorded, so call sites and phases cannot be told".to_owned(),
             None,
             "\"all\" makes dumps much slower to write",
@@ -494,11 +499,10 @@ pub fn check_advice(
             reason: "no single change above makes the request fit in the replay".to_owned(),
             estimated_saving_bytes: None,
             caveat: if batch_phase {
-                "a smaller batch also changes the number of steps, which the trace cannot know; the batch factor scales the forward and backward passes' activations and temporaries"
+                "a smaller batch also changes the number of steps, which the trace cannot know; the batch factor scales the forward and backward passes' activations and temporaries".to_owned()
             } else {
-                "the capacity is what PyTorch may reserve: the card's memory less the CUDA context and other processes"
-            }
-            .to_owned(),
+                format!("the capacity is what PyTorch may reserve: the card's memory less the {} and other processes", Accelerator::of(snapshot).context())
+            },
             checked: Some(check),
         },
     );

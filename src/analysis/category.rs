@@ -234,7 +234,7 @@ impl<'a> Categorizer<'a> {
             return claim(
                 c,
                 Confidence::High,
-                "the user annotated it (torch.cuda.memory._annotate_tensor)",
+                "the user annotated it (_annotate_tensor)",
             );
         }
         // What the allocating code is, when its frames say so, beats the phase.

@@ -12,7 +12,7 @@ const LISTED: usize = 20;
 
 pub fn snapshot_fields(snapshot: &Snapshot) -> SnapshotFields {
     let mut out = SnapshotFields {
-        accelerator: accelerator(snapshot).to_owned(),
+        accelerator: Accelerator::of(snapshot).name().to_owned(),
         unknown_entry_keys: snapshot
             .unknown_entry_keys
             .iter()
@@ -83,20 +83,71 @@ pub fn snapshot_fields(snapshot: &Snapshot) -> SnapshotFields {
     out
 }
 
-/// `xpu` when the settings are XPU's (only `PYTORCH_ALLOC_CONF` and `expandable_segments`);
-/// `cuda` otherwise (ROCm builds write CUDA's keys and cannot be told apart).
-fn accelerator(snapshot: &Snapshot) -> &'static str {
-    let Some(settings) = &snapshot.allocator_settings else {
-        return "cuda";
-    };
-    match settings.raw.as_object() {
-        Some(o)
-            if o.contains_key("PYTORCH_ALLOC_CONF")
-                && !o.contains_key("PYTORCH_CUDA_ALLOC_CONF")
-                && !o.contains_key("max_split_size") =>
-        {
-            "xpu"
+/// Which allocator wrote the dump: it decides the API and the words the advice uses, so that
+/// an XPU dump is never told to call `torch.cuda`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accelerator {
+    /// CUDA (ROCm builds write CUDA's keys and cannot be told apart).
+    Cuda,
+    /// XPU: its `allocator_settings` hold only `PYTORCH_ALLOC_CONF` and `expandable_segments`.
+    Xpu,
+}
+
+impl Accelerator {
+    pub fn of(snapshot: &Snapshot) -> Accelerator {
+        let Some(settings) = &snapshot.allocator_settings else {
+            return Accelerator::Cuda;
+        };
+        match settings.raw.as_object() {
+            Some(o)
+                if o.contains_key("PYTORCH_ALLOC_CONF")
+                    && !o.contains_key("PYTORCH_CUDA_ALLOC_CONF")
+                    && !o.contains_key("max_split_size") =>
+            {
+                Accelerator::Xpu
+            }
+            _ => Accelerator::Cuda,
         }
-        _ => "cuda",
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "cuda",
+            Accelerator::Xpu => "xpu",
+        }
+    }
+
+    /// The module whose `_record_memory_history` and `_dump_snapshot` record this device.
+    pub fn memory_module(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "torch.cuda.memory",
+            Accelerator::Xpu => "torch.xpu.memory",
+        }
+    }
+
+    /// How to set an allocator option (`expandable_segments:True`).
+    pub fn set_conf(self, option: &str) -> String {
+        match self {
+            Accelerator::Cuda => {
+                format!("PYTORCH_ALLOC_CONF={option} (PYTORCH_CUDA_ALLOC_CONF before torch 2.9)")
+            }
+            Accelerator::Xpu => format!("PYTORCH_ALLOC_CONF={option}"),
+        }
+    }
+
+    /// The driver call that reserves a segment.
+    pub fn device_malloc(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "cudaMalloc",
+            Accelerator::Xpu => "device malloc",
+        }
+    }
+
+    /// What the runtime takes of the card before PyTorch reserves anything.
+    pub fn context(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "CUDA context",
+            Accelerator::Xpu => "XPU runtime",
+        }
     }
 }

@@ -990,7 +990,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
             "no stack, annotation or metadata in the trace points to a phase".to_owned()
         } else {
             "the trace has no stacks (context=None or stacks not recorded) and no annotations; \
-             record with torch.cuda.memory._record_memory_history(stacks=\"python\") to get phases"
+             record with _record_memory_history(stacks=\"python\") to get phases"
                 .to_owned()
         })
     } else if !has_stacks && per_event.iter().any(|(p, _)| p == Phase::Unknown) {
@@ -1017,7 +1017,7 @@ pub fn find_phases(snapshot: &Snapshot, device: i64) -> Phases {
 
 const NO_STACKS_BETWEEN_RANGES: &str = "the trace has no stacks (context=None); only the \
     optimizer's record_function ranges mark phases, so events between them (forward or backward \
-    of a step) are unknown; record with torch.cuda.memory._record_memory_history(stacks=\"python\") \
+    of a step) are unknown; record with _record_memory_history(stacks=\"python\") \
     to tell forward from backward";
 
 impl Phases {
@@ -1194,7 +1194,7 @@ const NO_STACKS_BY_POSITION: &str =
              ranges mark phases, and the events between them are placed in forward or backward \
              by their position in the step (the highest level of each step is taken as the \
              start of its backward): low confidence; record with \
-             torch.cuda.memory._record_memory_history(stacks=\"python\") to tell forward from \
+             _record_memory_history(stacks=\"python\") to tell forward from \
              backward";
 
 #[cfg(test)]

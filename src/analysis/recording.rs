@@ -7,8 +7,6 @@
 use crate::report::{DeviceReport, RecordingGap};
 use crate::snapshot::Snapshot;
 
-const RECORD: &str = "torch.cuda.memory._record_memory_history";
-
 /// A round value at or above `n`: 1, 2 or 5 times a power of ten.
 pub fn round_up(n: u64) -> u64 {
     let mut p = 1u64;
@@ -31,6 +29,8 @@ fn looks_set(n: u64) -> bool {
 
 pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingGap> {
     let mut out = Vec::new();
+    let module = super::fields::Accelerator::of(snapshot).memory_module();
+    let record = format!("{module}._record_memory_history");
     let gap = |kind: &str, what: String, fix: String| RecordingGap {
         kind: kind.to_owned(),
         what,
@@ -47,7 +47,9 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
              enabled=None, which also clears it), so there is no timeline, no peak and no OOM \
              event"
                 .to_owned(),
-            format!("{RECORD}(max_entries=100000) before the work, then torch.cuda.memory._dump_snapshot(path)"),
+            format!(
+                "{record}(max_entries=100000) before the work, then {module}._dump_snapshot(path)"
+            ),
         ));
     } else if events == 1 && dev.truncated {
         out.push(gap(
@@ -56,7 +58,7 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
              legacy _record_memory_history(True) API, whose trace keeps 1 entry), which keeps \
              the live blocks' stacks but not the timeline"
                 .to_owned(),
-            format!("{RECORD}(enabled=\"all\", max_entries=100000)"),
+            format!("{record}(enabled=\"all\", max_entries=100000)"),
         ));
     } else if dev.truncated && looks_set(events) {
         // Full at exactly max_entries: the oldest entries were overwritten. The allocations
@@ -70,7 +72,7 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
                  (max_entries={events}) wrapped and overwrote the oldest entries; the {before} \
                  allocations alive when the window starts needed at least {needed} entries in all"
             ),
-            format!("{RECORD}(max_entries={suggest})"),
+            format!("{record}(max_entries={suggest})"),
         );
         g.max_entries = Some(suggest);
         out.push(g);
@@ -81,7 +83,7 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
                 "recording started mid-run: {before} allocations predate the first entry (or \
                  history was cleared with clear_history=True)"
             ),
-            format!("{RECORD}(max_entries=100000) before the model is built or loaded"),
+            format!("{record}(max_entries=100000) before the model is built or loaded"),
         ));
     }
     if events > 0 && !snapshot.has_stacks() {
@@ -90,7 +92,7 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
             "no entry or block has frames: history was recorded with context=None, so call \
              sites cannot be named and phases rest on annotations alone"
                 .to_owned(),
-            format!("{RECORD}(context=\"all\", stacks=\"python\")"),
+            format!("{record}(context=\"all\", stacks=\"python\")"),
         ));
     } else if events > 0 && !python_frames(snapshot) {
         out.push(gap(
@@ -98,7 +100,7 @@ pub fn recording_gaps(snapshot: &Snapshot, dev: &DeviceReport) -> Vec<RecordingG
             "the stacks hold C++ frames only (recorded from C++, or by a thread without Python): \
              the code that allocated is not named in Python"
                 .to_owned(),
-            format!("{RECORD}(stacks=\"all\") from the Python process"),
+            format!("{record}(stacks=\"all\") from the Python process"),
         ));
     }
     out

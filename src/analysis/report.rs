@@ -1232,11 +1232,11 @@ fn device_report_with(
              peak is the dump's own state; the trace may have held an OOM"
                 .to_owned(),
         ),
-        None if trace.is_empty() => notes.push(
+        None if trace.is_empty() => notes.push(format!(
             "no trace entries for this device: memory history was not recorded \
-             (torch.cuda.memory._record_memory_history), so the peak is the dump's own state"
-                .to_owned(),
-        ),
+             ({}._record_memory_history), so the peak is the dump's own state",
+            super::fields::Accelerator::of(snapshot).memory_module()
+        )),
         None => {}
     }
     if truncated {
@@ -1247,7 +1247,7 @@ fn device_report_with(
             crate::units::counted(replay.window.unmatched_frees, "free", "frees")
         ));
     }
-    if let Some(note) = cached_remark(&dump) {
+    if let Some(note) = cached_remark(&dump, super::fields::Accelerator::of(snapshot)) {
         notes.push(note);
     }
     if replay.window.lost_frees > 0 {
@@ -1413,6 +1413,7 @@ fn device_report_with(
             .and_then(|s| s.expandable_segments),
         snapshot.has_stacks(),
         unsure_before_window_bytes,
+        super::fields::Accelerator::of(snapshot),
     );
     report
 }
@@ -1463,19 +1464,24 @@ const CACHED_SHARE: f64 = 0.5;
 const CACHED_MIN_BYTES: u64 = 256 << 20;
 
 /// A remark when most of the reserved memory at the dump is cached and unused.
-fn cached_remark(dump: &FinalState) -> Option<String> {
+fn cached_remark(dump: &FinalState, accel: super::fields::Accelerator) -> Option<String> {
     let cached = dump.reserved_bytes.saturating_sub(dump.allocated_bytes);
     let share = cached as f64 / dump.reserved_bytes.max(1) as f64;
     (cached >= CACHED_MIN_BYTES && share >= CACHED_SHARE).then(|| {
         format!(
             "most of the reserved memory is cached and unused: {} reserved, {} allocated at the \
-             dump, so {} ({:.0}%) is held by PyTorch's caching allocator for reuse; nvidia-smi \
+             dump, so {} ({:.0}%) is held by PyTorch's caching allocator for reuse; {} \
              counts it as used and other processes cannot have it \
-             (torch.cuda.empty_cache() gives it back)",
+             (torch.{}.empty_cache() gives it back)",
             crate::units::format_bytes(dump.reserved_bytes),
             crate::units::format_bytes(dump.allocated_bytes),
             crate::units::format_bytes(cached),
-            share * 100.0
+            share * 100.0,
+            match accel {
+                super::fields::Accelerator::Cuda => "nvidia-smi",
+                super::fields::Accelerator::Xpu => "xpu-smi",
+            },
+            accel.name()
         )
     })
 }

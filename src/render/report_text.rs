@@ -33,7 +33,10 @@ fn is_python_frame(line: &str) -> bool {
 }
 
 enum Block {
+    /// A file's path and device (from the snapshot: a code span in Markdown).
     Heading(String),
+    /// A heading of our own words.
+    Section(&'static str),
     Para(String),
     /// A paragraph that must stand out (the OOM verdict): bold red on a colour terminal.
     Alert(String),
@@ -992,8 +995,7 @@ fn annotated_blocks(dev: &DeviceReport) -> Vec<Block> {
         return Vec::new();
     }
     vec![Block::Table {
-        title: "Alive at the peak and annotated by you (torch.cuda.memory._annotate_tensor)"
-            .to_owned(),
+        title: "Alive at the peak and annotated by you (_annotate_tensor)".to_owned(),
         header: vec![
             "requested",
             "address",
@@ -1006,12 +1008,114 @@ fn annotated_blocks(dev: &DeviceReport) -> Vec<Block> {
     }]
 }
 
+/// `allocator_settings` as the dump recorded them (torch 2.3+), in one line: the option string,
+/// the device allocator's knobs and the pinned host allocator's (2.13+). Keys this version
+/// does not know are listed too, so that nothing the dump says is hidden.
+fn settings_line(raw: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    let o = raw.as_object()?;
+    if o.is_empty() {
+        return None;
+    }
+    // -1 (SIZE_MAX written as int64), or SIZE_MAX itself: no limit.
+    let limit = |v: &Value| match (v.as_i64(), v.as_u64()) {
+        (Some(n), _) if n < 0 => "unlimited".to_owned(),
+        (_, Some(n)) if n >= u64::MAX / 2 => "unlimited".to_owned(),
+        (_, Some(n)) => format_bytes(n),
+        _ => safe::name(&v.to_string()),
+    };
+    let plain = |v: &Value| match v {
+        Value::Bool(true) => "on".to_owned(),
+        Value::Bool(false) => "off".to_owned(),
+        Value::String(t) => format!("\"{}\"", safe::name(t)),
+        other => safe::name(&other.to_string()),
+    };
+    let mut device = Vec::new();
+    let mut host = Vec::new();
+    let mut other = Vec::new();
+    // Knobs at their defaults are counted, not listed, but for the ones every reader asks about.
+    let mut defaults = 0usize;
+    for (k, v) in o {
+        let key = safe::name(k);
+        let is_default = match k.as_str() {
+            "garbage_collection_threshold" => v.as_f64() == Some(0.0),
+            "release_lock_on_cudamalloc"
+            | "graph_capture_record_stream_reuse"
+            | "pinned_use_cuda_host_register" => v.as_bool() == Some(false),
+            "pinned_num_register_threads" => v.as_u64() == Some(1),
+            "roundup_power2_divisions" => v
+                .as_object()
+                .is_some_and(|d| d.values().all(|n| n.as_u64() == Some(0))),
+            _ => false,
+        };
+        if is_default {
+            defaults += 1;
+            continue;
+        }
+        match k.as_str() {
+            "PYTORCH_CUDA_ALLOC_CONF" | "PYTORCH_ALLOC_CONF" => device.insert(
+                0,
+                match v.as_str() {
+                    Some("") => format!("{key} not set"),
+                    _ => format!("{key} {}", plain(v)),
+                },
+            ),
+            "max_split_size" => device.push(format!("{key} {}", limit(v))),
+            "roundup_power2_divisions" => {
+                let mut on: Vec<(u64, String)> = v
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, n)| n.as_u64().is_some_and(|n| n > 0))
+                    .map(|(mb, n)| {
+                        let start = mb.parse::<u64>().unwrap_or(u64::MAX);
+                        (start, format!("{} from {}MiB", plain(n), safe::name(mb)))
+                    })
+                    .collect();
+                on.sort();
+                let on: Vec<String> = on.into_iter().map(|x| x.1).collect();
+                device.push(format!("{key} {}", on.join(", ")));
+            }
+            "expandable_segments"
+            | "garbage_collection_threshold"
+            | "release_lock_on_cudamalloc"
+            | "graph_capture_record_stream_reuse" => device.push(format!("{key} {}", plain(v))),
+            "max_round_threshold" | "max_cached_size" => host.push(format!("{key} {}", limit(v))),
+            "pinned_num_register_threads" | "pinned_use_cuda_host_register" => {
+                host.push(format!("{key} {}", plain(v)))
+            }
+            _ => other.push(format!("{key} {}", plain(v))),
+        }
+    }
+    let mut line = format!("Allocator settings: {}", device.join(", "));
+    if !host.is_empty() {
+        let _ = write!(line, "; pinned host allocator: {}", host.join(", "));
+    }
+    if !other.is_empty() {
+        let _ = write!(line, "; other keys: {}", other.join(", "));
+    }
+    if defaults > 0 {
+        let _ = write!(
+            line,
+            "; {} at {}",
+            counted(defaults as u64, "other", "others"),
+            if defaults == 1 {
+                "its default"
+            } else {
+                "their defaults"
+            }
+        );
+    }
+    line.push('.');
+    Some(line)
+}
+
 /// The file's pinned host memory (torch 2.14+), and what its format says: the 2026 fields and
 /// what this version does not read, in one line each.
 fn file_blocks(file: &FileReport) -> Vec<Block> {
     let mut out = Vec::new();
     if let Some(h) = &file.host_memory {
-        out.push(Block::Heading("Pinned host memory".to_owned()));
+        out.push(Block::Section("Pinned host memory"));
         let peak_at = match h.peak_event_index {
             Some(e) => format!("at host event {e} of {}", h.trace_entries),
             None if h.trace_entries == 0 => "at the dump (no host trace)".to_owned(),
@@ -1054,6 +1158,9 @@ fn file_blocks(file: &FileReport) -> Vec<Block> {
                 &h.held_at_dump_by_call_site,
             ));
         }
+    }
+    if let Some(line) = file.allocator_settings.as_ref().and_then(settings_line) {
+        out.push(Block::Para(line));
     }
     let f = &file.snapshot_fields;
     let mut said = Vec::new();
@@ -1406,14 +1513,21 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         }
         if file.devices.is_empty() {
             blocks.push(Block::Heading(safe::name(&file.path)));
-            blocks.push(Block::Para(
+            // The module follows the dump's allocator (an XPU dump is told torch.xpu).
+            let accel = if file.snapshot_fields.accelerator.is_empty() {
+                "cuda"
+            } else {
+                file.snapshot_fields.accelerator.as_str()
+            };
+            blocks.push(Block::Para(format!(
                 "No segments and no trace: nothing to report. Either recording started after \
-                 the allocations were freed, or the dump came after torch.cuda.empty_cache() \
+                 the allocations were freed, or the dump came after torch.{accel}.empty_cache() \
                  (which returns every cached segment to the driver). Record with \
-                 torch.cuda.memory._record_memory_history(max_entries=100000) before the work \
-                 and call torch.cuda.memory._dump_snapshot(path) before any empty_cache()."
-                    .into(),
-            ));
+                 torch.{accel}.memory._record_memory_history(max_entries=100000) before the \
+                 work and call torch.{accel}.memory._dump_snapshot(path) before any \
+                 empty_cache().",
+                accel = safe::name(accel)
+            )));
         }
         for dev in &file.devices {
             blocks.extend(device_blocks(file, dev, view));
@@ -1435,6 +1549,7 @@ impl Block {
         let t = |s: String| safe::text(&s).into_owned();
         match self {
             Block::Heading(h) => Block::Heading(t(h)),
+            Block::Section(h) => Block::Section(h),
             Block::Para(p) => Block::Para(t(p)),
             Block::Alert(p) => Block::Alert(t(p)),
             Block::Table {
@@ -1597,6 +1712,12 @@ pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
                 }
                 let _ = writeln!(out, "== {h}");
             }
+            Block::Section(h) => {
+                if !out.is_empty() {
+                    out.push('\n');
+                }
+                let _ = writeln!(out, "== {h}");
+            }
             Block::Para(p) => {
                 for line in wrap(&p, 100) {
                     let _ = writeln!(out, "{line}");
@@ -1686,6 +1807,9 @@ pub fn markdown(report: &Report, view: &View) -> String {
             // The heading (a file's path and its device) is one code span.
             Block::Heading(h) => {
                 let _ = writeln!(out, "## {}\n", safe::md_code(&safe::text(&h), false));
+            }
+            Block::Section(h) => {
+                let _ = writeln!(out, "## {h}\n");
             }
             Block::Para(p) | Block::Alert(p) => {
                 let _ = writeln!(out, "{}\n", safe::markdown(&p, false));

@@ -7,7 +7,7 @@
 
 use std::fmt::Write;
 
-use crate::analysis::callsite::{call_site, stack_lines};
+use crate::analysis::callsite::{call_site, code_path, stack_lines, CodePath, FrameClass};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::lifetimes::Allocation;
 use crate::analysis::phase::{Phase, Source};
@@ -412,6 +412,7 @@ pub fn stack_tooltip(interner: &Interner, stack: StackId, fallback: &str) -> Vec
         Some(site) => lines.push(format!("call site: {}", cut_left(&site, TOOLTIP_LINE))),
         None => lines.push(fallback.to_owned()),
     }
+    lines.extend(code_path_line(&code_path(interner, stack)));
     let stack = stack_lines(interner, stack);
     if !stack.is_empty() {
         lines.push("stack (innermost first):".to_owned());
@@ -423,6 +424,22 @@ pub fn stack_tooltip(interner: &Interner, stack: StackId, fallback: &str) -> Vec
         }
     }
     lines
+}
+
+/// Whose code made the allocation and what it went through, as the report's tables say it:
+/// "your code, via transformers → torch.nn.functional.linear", "package code, from your
+/// train.py:40:main", "package code only".
+pub fn code_path_line(path: &CodePath) -> Option<String> {
+    let whose = match (path.class?, &path.your_code) {
+        (FrameClass::User, _) => "your code".to_owned(),
+        (FrameClass::Package, Some(y)) => format!("package code, from your {y}"),
+        (FrameClass::Package, None) => "package code only".to_owned(),
+        (FrameClass::Runtime, _) => "runtime code only".to_owned(),
+    };
+    Some(match &path.via {
+        Some(via) => cut_right(&format!("{whose}, via {via}"), TOOLTIP_LINE),
+        None => cut_right(&whose, TOOLTIP_LINE),
+    })
 }
 
 /// `<title>` element with the lines joined by newlines (browsers show them as a tooltip).

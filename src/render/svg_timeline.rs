@@ -1535,8 +1535,133 @@ fn panel(
         );
         svg::text(&mut out, mx + 14.0, ly, 12, "", "OOM (failed request)");
     }
-    let height = ly + 22.0;
+    let mut height = ly + 22.0;
+    if let Some(levels) = crate::analysis::host::host_levels(snapshot) {
+        let lane = crate::analysis::host::host_lane(&levels, trace);
+        height = host_lane(&mut out, &lane, &x, height + 8.0);
+    }
     (out, height)
+}
+
+fn in_tenths(pts: &[(f64, f64)]) -> Vec<(i64, i64)> {
+    pts.iter()
+        .map(|&(x, y)| (svg::tenths(x), svg::tenths(y)))
+        .collect()
+}
+
+/// Height of the pinned host memory lane (torch 2.14+ `host_traces`) under a device's plot.
+const LANE_H: f64 = 90.0;
+
+/// The pinned host memory lane at `top`, on the device plot's x axis: host bytes pinned
+/// (filled) and reserved (dashed) on their own byte scale. Returns the panel's new height.
+fn host_lane(
+    out: &mut String,
+    lane: &crate::analysis::host::HostLane,
+    x: &XScale,
+    top: f64,
+) -> f64 {
+    let right = LEFT + PLOT_W;
+    let (mut ystep, mut ymax) = svg::byte_ticks(lane.peak_allocated.max(lane.peak_reserved));
+    // At most four gaps in the lane's few pixels.
+    while ymax / ystep.max(1) > 4 {
+        ystep = ystep.saturating_mul(2);
+        ymax = ymax.div_ceil(ystep).saturating_mul(ystep);
+    }
+    let py = |b: u64| top + 26.0 + LANE_H - b as f64 / ymax.max(1) as f64 * LANE_H;
+    // Where a point starts: its device state, or its time on a time axis.
+    let px = |j: usize| match (&x.seconds, lane.by_time) {
+        (Some(_), true) => x.px_of_value(lane.times_us[j] as f64 / 1e6),
+        _ => x.px(lane.states[j] as usize),
+    };
+    let how = if lane.by_time {
+        "placed by time on the device's axis"
+    } else {
+        "no times to align by: its entries spread in order over the device's axis"
+    };
+    svg::text(
+        out,
+        LEFT,
+        top + 14.0,
+        13,
+        "font-weight=\"bold\"",
+        &format!(
+            "Pinned host memory (host_traces): peak {} pinned, {} reserved; {how}",
+            format_bytes(lane.peak_allocated),
+            format_bytes(lane.peak_reserved)
+        ),
+    );
+    let bottom = top + 26.0 + LANE_H;
+    let mut v = 0u64;
+    while v <= ymax {
+        let y = py(v);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{GRID}\"/>",
+            num(LEFT),
+            num(y),
+            num(right),
+            num(y)
+        );
+        svg::text(
+            out,
+            LEFT - 6.0,
+            y + 4.0,
+            11,
+            "text-anchor=\"end\"",
+            &format_bytes(v),
+        );
+        v = match v.checked_add(ystep) {
+            Some(n) => n,
+            None => break,
+        };
+    }
+    // Step curves: each level holds from its point to the next (the last to the right edge).
+    let steps = |levels: &[u64], start: u64| {
+        let mut pts: Vec<(f64, f64)> = vec![(LEFT, py(start))];
+        for (j, &l) in levels.iter().enumerate() {
+            let xj = px(j).clamp(LEFT, right);
+            let prev = pts.last().map_or(py(start), |p| p.1);
+            pts.push((xj, prev));
+            pts.push((xj, py(l)));
+        }
+        let last = pts.last().map_or(py(start), |p| p.1);
+        pts.push((right, last));
+        pts
+    };
+    let mut fill = steps(&lane.allocated, lane.start_allocated);
+    fill.push((right, bottom));
+    fill.push((LEFT, bottom));
+    out.push_str("<polygon points=\"");
+    svg::points(out, &in_tenths(&fill));
+    let _ = write!(
+        out,
+        "\" fill=\"#9ecae1\" stroke=\"#3182bd\" stroke-width=\"1\">"
+    );
+    out.push_str(&svg::title(&[format!(
+        "pinned host memory allocated; peak {}",
+        svg::bytes_exact(lane.peak_allocated)
+    )]));
+    out.push_str("</polygon>\n");
+    out.push_str("<polyline points=\"");
+    svg::points(out, &in_tenths(&steps(&lane.reserved, lane.start_reserved)));
+    let _ = write!(
+        out,
+        "\" fill=\"none\" stroke=\"{INK}\" stroke-width=\"1.2\" stroke-dasharray=\"6 3\">"
+    );
+    out.push_str(&svg::title(&[format!(
+        "pinned host memory reserved (host segments); peak {}",
+        svg::bytes_exact(lane.peak_reserved)
+    )]));
+    out.push_str("</polyline>\n");
+    let _ = writeln!(
+        out,
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
+        num(LEFT),
+        num(top + 26.0),
+        num(PLOT_W),
+        num(LANE_H)
+    );
+    bottom + 24.0
 }
 
 #[cfg(test)]

@@ -316,3 +316,128 @@ fn call_sites_say_whose_code_they_are_and_what_they_went_through() {
         "{t}"
     );
 }
+
+/// The settings and the pinned host allocator's knobs (2.13+) are shown, the defaults counted.
+#[test]
+fn allocator_settings_are_shown_with_the_pinned_host_knobs() {
+    let t = text("torch215/training-2026.pickle");
+    assert!(
+        t.contains(
+            "Allocator settings: PYTORCH_CUDA_ALLOC_CONF not set, expandable_segments off, \
+             max_split_size unlimited; pinned host allocator: max_cached_size unlimited, \
+             max_round_threshold unlimited; 6 others at their defaults."
+        ),
+        "{t}"
+    );
+    let t = text("captured/expandable.pickle");
+    assert!(
+        t.contains("PYTORCH_CUDA_ALLOC_CONF \"expandable_segments:True\", expandable_segments on"),
+        "{t}"
+    );
+}
+
+/// An XPU dump (the same schema, `PYTORCH_ALLOC_CONF` and `expandable_segments` as its only
+/// settings) is told the XPU API, and no "CUDA" where it was not CUDA: a small dump whose trace
+/// starts mid-run and has no stacks, with most of its reserved memory cached, so that the report
+/// advises recording and remarks on the cache.
+#[test]
+fn an_xpu_dump_is_not_told_to_call_cuda() {
+    use serde_pickle::{HashableValue as K, Value as V};
+    let dict = |kv: Vec<(&str, V)>| {
+        V::Dict(
+            kv.into_iter()
+                .map(|(k, v)| (K::String(k.to_owned()), v))
+                .collect(),
+        )
+    };
+    let (mib, base) = (1i64 << 20, 0x7f00_0000_0000i64);
+    let block = |addr: i64, size: i64, req: i64, state: &str| {
+        dict(vec![
+            ("address", V::I64(addr)),
+            ("size", V::I64(size)),
+            ("requested_size", V::I64(req)),
+            ("state", V::String(state.to_owned())),
+            ("frames", V::List(vec![])),
+        ])
+    };
+    let segment = dict(vec![
+        ("device", V::I64(0)),
+        ("address", V::I64(base)),
+        ("total_size", V::I64(512 * mib)),
+        ("allocated_size", V::I64(2 * mib)),
+        ("active_size", V::I64(2 * mib)),
+        ("requested_size", V::I64(2 * mib)),
+        ("stream", V::I64(0)),
+        ("segment_type", V::String("large".into())),
+        ("segment_pool_id", V::Tuple(vec![V::I64(0), V::I64(0)])),
+        ("is_expandable", V::Bool(false)),
+        ("frames", V::List(vec![])),
+        (
+            "blocks",
+            V::List(vec![
+                block(base, 2 * mib, 2 * mib, "active_allocated"),
+                block(base + 2 * mib, 510 * mib, 0, "inactive"),
+            ]),
+        ),
+    ]);
+    let entry = |action: &str, addr: i64, size: i64, t: i64| {
+        dict(vec![
+            ("action", V::String(action.to_owned())),
+            ("addr", V::I64(addr)),
+            ("size", V::I64(size)),
+            ("stream", V::I64(0)),
+            ("time_us", V::I64(t)),
+            ("frames", V::List(vec![])),
+        ])
+    };
+    let trace = V::List(vec![
+        // A free of what was allocated before the window: the ring buffer wrapped.
+        entry("free_requested", base + 300 * mib, 64 * mib, 1),
+        entry("free_completed", base + 300 * mib, 64 * mib, 2),
+        entry("alloc", base, 2 * mib, 3),
+    ]);
+    let root = dict(vec![
+        ("segments", V::List(vec![segment])),
+        ("device_traces", V::List(vec![trace])),
+        (
+            "allocator_settings",
+            dict(vec![
+                ("PYTORCH_ALLOC_CONF", V::String(String::new())),
+                ("expandable_segments", V::Bool(false)),
+            ]),
+        ),
+    ]);
+    let dir = std::env::temp_dir().join(format!("snapscan-xpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("xpu.pickle");
+    std::fs::write(
+        &path,
+        serde_pickle::value_to_vec(&root, serde_pickle::SerOptions::new()).unwrap(),
+    )
+    .unwrap();
+    let out = common::snapscan()
+        .args(["report", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = String::from_utf8(out.stdout)
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(t.contains("written by the XPU allocator"), "{t}");
+    assert!(t.contains("torch.xpu.memory._record_memory_history"), "{t}");
+    assert!(t.contains("torch.xpu.empty_cache()"), "{t}");
+    assert!(
+        t.contains("Allocator settings: PYTORCH_ALLOC_CONF not set, expandable_segments off."),
+        "{t}"
+    );
+    for cuda in ["cuda", "CUDA", "nvidia-smi"] {
+        assert!(!t.contains(cuda), "{cuda} in an XPU report: {t}");
+    }
+}

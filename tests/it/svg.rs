@@ -675,3 +675,33 @@ fn boxes_and_labels_stay_inside_the_picture() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The timeline of a dump with pinned host memory has the host lane (its peaks as the report
+/// gives them), and tooltips say whose code made an allocation and through what.
+#[test]
+fn svg_timeline_has_the_host_lane_and_whose_code() {
+    let svg = text_of(&cli_svg(&[
+        "timeline",
+        "fixtures/torch215/training-2026.pickle",
+    ]));
+    assert!(
+        svg.contains(
+            "Pinned host memory (host_traces): peak 96.0MiB pinned, 96.0MiB reserved; placed by time"
+        ),
+        "no host lane"
+    );
+    assert!(
+        svg.contains("pinned host memory allocated; peak 96.0MiB ("),
+        "no lane tooltip"
+    );
+    assert!(
+        svg.contains("your code, via torch.nn.modules.linear.forward"),
+        "no code path in the tooltips"
+    );
+    // A dump without host memory has no lane.
+    let plain = text_of(&cli_svg(&[
+        "timeline",
+        "fixtures/synth/train-oom-forward.pickle",
+    ]));
+    assert!(!plain.contains("Pinned host memory"));
+}

@@ -467,3 +467,58 @@ fn the_compare_page_carries_both_curves_and_the_diff_s_call_sites() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("takes two snapshots"));
 }
+
+/// Pinned host memory gets its own lane on the device's events (the report's peaks), and every
+/// stack says whose code it is as the report's call sites do (your code, packages, runtime).
+#[test]
+fn the_page_carries_pinned_host_memory_and_whose_code_each_stack_is() {
+    let path = "fixtures/torch215/training-2026.pickle";
+    let blob = Blob::of(&view(&[path]));
+    let report = report_json(path);
+    let h = blob.device(0);
+    let host = &h["host"];
+    let real = &report["files"][0]["host_memory"];
+    assert_eq!(host["peak_allocated"], real["peak_allocated_bytes"]);
+    assert_eq!(host["peak_reserved"], real["peak_reserved_bytes"]);
+    assert_eq!(host["by_time"], true);
+    // The lane ends at the dump's level, and its states are on the device's axis.
+    let last = host["allocated"].as_array().unwrap().last().unwrap();
+    assert_eq!(last, &real["allocated_bytes_at_dump"]);
+    let events = h["events"].as_u64().unwrap();
+    let states = host["state"].as_array().unwrap();
+    assert!(states.windows(2).all(|w| w[0].as_u64() <= w[1].as_u64()));
+    assert!(states.iter().all(|s| s.as_u64().unwrap() <= events + 1));
+
+    // The annotated KV cache's stack: the user's model.py:50, via torch's linear, as the
+    // report's call site says.
+    let notes = h["annotations"].as_array().unwrap();
+    let row = notes[0][0].as_u64().unwrap() as usize;
+    let stack = blob.column(0, "stack", false)[row] as usize;
+    let code = &h["code_paths"][h["stack_code"][stack].as_u64().unwrap() as usize];
+    let sites = report["files"][0]["devices"][0]["live_at_peak_by_call_site"]
+        .as_array()
+        .unwrap();
+    let site = sites
+        .iter()
+        .find(|s| {
+            s["call_site"]
+                .as_str()
+                .unwrap()
+                .ends_with("model.py:50:forward")
+        })
+        .unwrap();
+    assert_eq!(code[0], site["code"]);
+    assert_eq!(code[1], site["your_code"]);
+    assert_eq!(code[2], site["via"]);
+    assert_eq!(code[0], "user");
+    // Each frame is classed: the user's model.py, torch's runtime.
+    let frames = h["frames"].as_array().unwrap();
+    let class_of = |needle: &str| {
+        frames
+            .iter()
+            .find(|f| f[0].as_str().unwrap().contains(needle))
+            .map(|f| f[2].as_u64().unwrap())
+    };
+    assert_eq!(class_of("model.py:50"), Some(0));
+    assert_eq!(class_of("torch/nn/modules/linear.py"), Some(2));
+}

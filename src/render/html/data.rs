@@ -12,7 +12,9 @@ use rustc_hash::FxHashMap;
 use serde_json::{json, Value};
 
 use super::super::svg;
-use crate::analysis::callsite::{call_site, format_frame, is_native, viewer_shows};
+use crate::analysis::callsite::{
+    call_site, code_path, format_frame, frame_class, is_native, viewer_shows, FrameClass,
+};
 use crate::analysis::category::{Categorizer, Category, Confidence};
 use crate::analysis::layout::segment_lifetimes;
 use crate::analysis::lifetimes::Origin;
@@ -121,9 +123,8 @@ impl<'a> Stacks<'a> {
         i
     }
 
-    /// (frames, stacks, call sites, site of each stack) as JSON: a frame is `[text, native]`,
-    /// a stack lists its frames innermost first (the capture machinery left out).
-    fn to_json(&self) -> (Value, Value, Value, Value, Vec<String>) {
+    /// The stacks as JSON ([`StacksJson`]).
+    fn to_json(&self) -> StacksJson {
         let interner = &self.snapshot.interner;
         let mut frame_index: FxHashMap<String, u32> = FxHashMap::default();
         let mut frames: Vec<Value> = Vec::new();
@@ -131,6 +132,9 @@ impl<'a> Stacks<'a> {
         let mut site_index: FxHashMap<String, u32> = FxHashMap::default();
         let mut sites: Vec<String> = Vec::new();
         let mut stack_site: Vec<i64> = Vec::with_capacity(self.ids.len());
+        let mut path_index: FxHashMap<Value, u32> = FxHashMap::default();
+        let mut code_paths: Vec<Value> = Vec::new();
+        let mut stack_code: Vec<i64> = Vec::with_capacity(self.ids.len());
         for &id in &self.ids {
             let mut list: Vec<u32> = Vec::new();
             for &fid in interner.get_stack(id) {
@@ -140,10 +144,14 @@ impl<'a> Stacks<'a> {
                     continue;
                 }
                 let text = format_frame(interner, f);
-                let native = is_native(name, file);
                 let next = frame_index.len() as u32;
                 let k = *frame_index.entry(text.clone()).or_insert_with(|| {
-                    frames.push(json!([text, native as u8]));
+                    let class = match frame_class(name, file) {
+                        FrameClass::User => 0u8,
+                        FrameClass::Package => 1,
+                        FrameClass::Runtime => 2,
+                    };
+                    frames.push(json!([text, is_native(name, file) as u8, class]));
                     next
                 });
                 list.push(k);
@@ -160,15 +168,43 @@ impl<'a> Stacks<'a> {
                 }
                 None => -1,
             });
+            let path = code_path(interner, id);
+            stack_code.push(match path.class {
+                None => -1,
+                Some(class) => {
+                    let key = json!([class.name(), path.your_code, path.via]);
+                    let next = path_index.len() as u32;
+                    i64::from(*path_index.entry(key.clone()).or_insert_with(|| {
+                        code_paths.push(key);
+                        next
+                    }))
+                }
+            });
         }
-        (
-            json!(frames),
-            json!(stacks),
-            json!(sites),
-            json!(stack_site),
-            sites,
-        )
+        StacksJson {
+            frames: json!(frames),
+            stacks: json!(stacks),
+            sites: json!(sites),
+            stack_site: json!(stack_site),
+            code_paths: json!(code_paths),
+            stack_code: json!(stack_code),
+            site_names: sites,
+        }
     }
+}
+
+/// The page's stacks: `frames[i] = [text, native, class]` (class 0 the user's code, 1 a
+/// package, 2 the runtime), `stacks[i]` its frames innermost first (the capture machinery left
+/// out), `stack_site[i]` its call site in `sites`, and `stack_code[i]` whose code it is in
+/// `code_paths`: `[class, your_code, via]` as the report's call sites say it.
+struct StacksJson {
+    frames: Value,
+    stacks: Value,
+    sites: Value,
+    stack_site: Value,
+    code_paths: Value,
+    stack_code: Value,
+    site_names: Vec<String>,
 }
 
 /// Header and columns of one device, from what its report was made of (`parts`: the replay,
@@ -340,7 +376,8 @@ pub fn device_data(
         s_span.u(u64::from(s.last_state.saturating_sub(s.first_state)));
     }
 
-    let (frames, stack_list, sites, stack_site, site_names) = stacks.to_json();
+    let stacks = stacks.to_json();
+    let site_names = &stacks.site_names;
     let site_colours: Vec<&str> = {
         let mut colours = svg::Colours::new(&snapshot.interner);
         colours.assign_distinct(&site_names[..site_names.len().min(svg::PALETTE.len())]);
@@ -417,13 +454,34 @@ pub fn device_data(
             ))
             .collect::<Vec<_>>(),
         "small_request_limit": SMALL_REQUEST_LIMIT,
-        "frames": frames,
-        "stacks": stack_list,
-        "sites": sites,
-        "stack_site": stack_site,
+        "frames": stacks.frames,
+        "stacks": stacks.stacks,
+        "sites": stacks.sites,
+        "stack_site": stacks.stack_site,
+        "code_paths": stacks.code_paths,
+        "stack_code": stacks.stack_code,
         "site_colours": site_colours,
+        "host": host_lane(snapshot, trace),
     });
     (header, columns)
+}
+
+/// The pinned host memory lane (torch 2.14+ `host_traces`) on this device's states: `null` when
+/// the dump recorded no host trace.
+fn host_lane(snapshot: &Snapshot, trace: &crate::snapshot::Trace) -> Value {
+    let Some(levels) = crate::analysis::host::host_levels(snapshot) else {
+        return Value::Null;
+    };
+    let lane = crate::analysis::host::host_lane(&levels, trace);
+    json!({
+        "by_time": lane.by_time,
+        "start": [lane.start_allocated, lane.start_reserved],
+        "state": lane.states,
+        "allocated": lane.allocated,
+        "reserved": lane.reserved,
+        "peak_allocated": lane.peak_allocated,
+        "peak_reserved": lane.peak_reserved,
+    })
 }
 
 /// Names and colours shared by every device (categories, confidences, phases).

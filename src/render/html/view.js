@@ -18,7 +18,7 @@
   // 0.1 % of the peak or more are alive, so zoomed into a state every one of them is drawn.
   const K_DRAW = 1000;
   const CHECK = 64; // states per block of the level sweep's summaries
-  const M = { left: 78, right: 16, top: 26, plot: 380, band: 16, axis: 34 };
+  const M = { left: 78, right: 16, top: 26, plot: 380, band: 16, axis: 34, host: 84 };
   const UNKNOWN_PHASE = 5;
   const MAX_TABS = 16; // more panels than this: a list to pick from instead of tabs
   const ABBREV = { forward: 'fwd', backward: 'bwd', optimizer: 'opt', unknown: '?' };
@@ -46,6 +46,18 @@
     for (const c of kids) if (c != null) e.append(c);
     return e;
   }
+  // Whose code a stack is, as the report's call sites say it: "your code, via transformers →
+  // torch.nn.functional.linear", "package code, from your train.py:40:main".
+  const FRAME_CLASS = ['fc-user', 'fc-pkg', 'fc-rt'];
+  const FRAME_TITLE = ['your code', 'a package (site-packages, dist-packages, a conda env)', 'the runtime (torch, C++, CPython)'];
+  function codePathText(h, stack) {
+    const k = h.stack_code ? h.stack_code[stack] : -1;
+    if (k == null || k < 0) return '';
+    const [cls, yours, via] = h.code_paths[k];
+    const whose = cls === 'user' ? 'your code' : cls === 'package' ? (yours ? 'package code, from your ' + yours : 'package code only') : 'runtime code only';
+    return via ? whose + ', via ' + via : whose;
+  }
+
   // A frame's text with line-break opportunities after its slashes, colons and dots.
   function breakable(text) {
     const out = [];
@@ -677,7 +689,7 @@
     // ----- timeline geometry -----
     size() {
       const w = Math.max(400, this.canvas.parentElement.clientWidth);
-      return { w, h: M.top + M.plot + M.band + M.axis, pw: w - M.left - M.right };
+      return { w, h: M.top + M.plot + M.band + M.axis + (this.dev.h.host ? M.host : 0), pw: w - M.left - M.right };
     }
     xOf(state) { const { pw } = this.size(); return M.left + (state - this.v0) / (this.v1 - this.v0) * pw; }
 
@@ -850,6 +862,7 @@
       g.fillStyle = '#444'; g.font = '11px system-ui, sans-serif'; g.textAlign = 'right'; g.textBaseline = 'middle';
       g.fillText('phase', M.left - 6, bottom + 2 + M.band / 2);
       g.textAlign = 'right'; g.textBaseline = 'top'; g.fillText('event', M.left - 6, bottom + M.band + 4);
+      if (h.host) this.drawHost(g, pw, bottom + M.band + M.axis);
       lap('marks');
       this.legendFor(mode);
       lap('legend');
@@ -861,6 +874,43 @@
         'The ' + fmtInt(shown) + ' largest allocations in view are drawn one by one' + (d.matchAlloc ? ' (search matches first)' : '') + '; the others are summarised in the pale bands' + (mode.count > 1 ? ' by ' + (mode.name === 'phase' ? 'phase' : 'category') : '') + '. Dashed: reserved.';
       this.lastDrawMs = performance.now() - t0;
       this.canvas.dataset.drawMs = this.lastDrawMs.toFixed(1);
+    }
+
+    // Pinned host memory (host_traces) in its own lane under the axis, on the device's events
+    // (placed by time where both traces have times) and on its own byte scale: per column the
+    // highest level pinned (filled) and reserved (dashed).
+    drawHost(g, pw, top) {
+      const host = this.dev.h.host, W = Math.max(1, Math.round(pw));
+      const lane = M.host - 26, y0 = top + 18, base = y0 + lane;
+      const max = Math.max(1, host.peak_allocated, host.peak_reserved) * 1.08;
+      const py = (b) => base - b / max * lane;
+      g.fillStyle = '#fff'; g.fillRect(M.left, y0, pw, lane);
+      const sc = W / (this.v1 - this.v0);
+      const cols = (levels, start) => {
+        const out = new Float64Array(W);
+        let j = 0, lvl = start;
+        while (j < host.state.length && host.state[j] <= this.v0) { lvl = levels[j]; j++; }
+        for (let c = 0; c < W; c++) {
+          const stop = this.v0 + (c + 1) / sc;
+          let top = lvl;
+          while (j < host.state.length && host.state[j] < stop) { lvl = levels[j]; if (lvl > top) top = lvl; j++; }
+          out[c] = top;
+        }
+        return out;
+      };
+      const pinned = cols(host.allocated, host.start[0]), reserved = cols(host.reserved, host.start[1]);
+      g.fillStyle = '#9ecae1';
+      for (let c = 0; c < W; c++) { const y = py(pinned[c]); if (pinned[c] > 0) g.fillRect(M.left + c, y, 1, base - y); }
+      g.strokeStyle = '#222'; g.lineWidth = 1; g.setLineDash([5, 3]); g.beginPath();
+      for (let c = 0; c < W; c++) { const y = py(reserved[c]); if (c) g.lineTo(M.left + c, y); else g.moveTo(M.left, y); g.lineTo(M.left + c + 1, y); }
+      g.stroke(); g.setLineDash([]);
+      g.strokeStyle = '#999'; g.strokeRect(M.left + 0.5, y0 + 0.5, pw, lane);
+      g.fillStyle = '#444'; g.font = '11px system-ui, sans-serif'; g.textAlign = 'right'; g.textBaseline = 'middle';
+      g.fillText(fmtBytes(host.peak_allocated), M.left - 6, py(host.peak_allocated));
+      g.fillText('0', M.left - 6, base);
+      g.textAlign = 'left'; g.textBaseline = 'bottom';
+      g.fillText('Pinned host memory: peak ' + fmtBytes(host.peak_allocated) + ' pinned, ' + fmtBytes(host.peak_reserved) + ' reserved (dashed)' +
+        (host.by_time ? '; placed by time' : '; no times to align by: in order over the events'), M.left, y0 - 3);
     }
 
     // The selected allocation: darkened, with a thin edge along its top and bottom.
@@ -1110,7 +1160,9 @@
       const origin = ['', 'allocated before the trace window', 'allocated before the trace window, still allocated at the dump'][d.origin[a]];
       const born = d.birth[a] === 0 ? (d.origin[a] ? origin : 'at window start') : d.when(d.birth[a]);
       const died = d.end[a] > d.n ? 'alive at the end of the trace' : d.when(d.end[a]);
+      const whose = codePathText(h, d.stack[a]);
       box.append(el('h4', { class: 'site', text: site >= 0 ? h.sites[site] : (d.origin[a] ? '<' + origin + '>' : '<no stack recorded>') }),
+        ...(whose ? [el('p', { class: 'code-path muted', text: whose })] : []),
         el('table', {},
           row('requested', fmtExact(d.req[a])),
           row('block', fmtBytes(d.blk[a]) + (d.blk[a] !== d.req[a] ? ' (' + fmtBytes(d.blk[a] - d.req[a]) + ' rounding)' : '')),
@@ -1132,8 +1184,10 @@
       const out = el('div', { class: 'stack' }, el('h5', { text: title + ' — innermost first' }));
       const py = st.filter((f) => !frames[f][1]), cpp = st.filter((f) => frames[f][1]);
       const ol = el('ol', {});
-      for (const f of py) ol.append(el('li', {}, ...breakable(frames[f][0])));
+      // Whose code each frame is: the user's (bold), a package's, the runtime's (pale).
+      for (const f of py) ol.append(el('li', { class: FRAME_CLASS[frames[f][2]] || '', title: FRAME_TITLE[frames[f][2]] || '' }, ...breakable(frames[f][0])));
       out.append(ol);
+      if (py.length) out.append(el('p', { class: 'muted fc-key' }, el('span', { class: 'fc-user', text: 'your code' }), ' · ', el('span', { class: 'fc-pkg', text: 'packages' }), ' · ', el('span', { class: 'fc-rt', text: 'torch and Python' })));
       if (!py.length) out.append(el('p', { class: 'muted', text: 'No Python frame.' }));
       if (cpp.length) {
         const det = el('details', {}, el('summary', { text: cpp.length + ' C++ frame' + (cpp.length > 1 ? 's' : '') + ' (folded)' }));
@@ -1227,7 +1281,7 @@
           el('span', { class: 'live-bytes', text: fmtBytes(g.bytes) }),
           el('span', { class: 'ov-bar' }, el('i', { class: 'ov-peak', style: 'width:' + (100 * g.bytes / max).toFixed(2) + '%' })),
           el('span', { class: 'live-share muted', text: (100 * g.bytes / max).toFixed(1) + '% · ' + fmtInt(g.list.length) }),
-          el('span', { class: 'cmp-key', text: siteName(g.site) }));
+          el('span', { class: 'cmp-key' }, siteName(g.site), ...(() => { const via = codePathText(h, d.stack[g.list[0]]); return via ? [el('span', { class: 'muted live-via', text: ' — ' + via })] : []; })()));
         row.append(sum);
         row.dataset.site = siteName(g.site); row.dataset.bytes = String(g.bytes);
         row.addEventListener('toggle', () => {
