@@ -112,6 +112,14 @@ pub fn report(state: &State, args: &ReportArgs) -> Answer {
         if file.devices.is_empty() {
             device(&a, Some(d))?;
         }
+        // The headline of that device alone, as the CLI's `report --device` gives it.
+        let digests: Vec<crate::analysis::headline::DeviceDigest> = file
+            .devices
+            .iter()
+            .map(|r| crate::analysis::headline::DeviceDigest::of(r, true))
+            .collect();
+        file.summary = crate::analysis::headline::file_summary(&digests);
+        file.device_table.clear();
     }
     for d in &mut file.devices {
         cut(d, top);

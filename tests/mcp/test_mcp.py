@@ -22,6 +22,7 @@ SNAPSCAN = os.environ.get("SNAPSCAN") or shutil.which("snapscan")
 OOM = "captured/oom_backward.pickle"
 FRAG = "captured/fragmentation_oom.pickle"
 TRAIN = "real/MAGMA27__assignment2-systems__memory_snapshot.pickle"
+TWO_DEVICES = "synth/load-oom-2dev.pickle"
 TOOLS = {
     "report", "peak", "live_at", "allocation", "segments_at", "why_oom", "diff",
     "explain_message", "check", "whatif", "query",
@@ -94,12 +95,19 @@ def test_each_tool_agrees_with_the_cli():
         out["query"] = await call(s, "query", path=OOM, sql=sql)
         # The second call on the same file comes from the kept analysis.
         out["again"] = await call(s, "peak", path=OOM)
+        # One device of a two-device file: its own headline, as the CLI's --device gives it.
+        out["one_device"] = await call(s, "report", path=TWO_DEVICES, device=1)
         return out
 
     out = run(body)
-    assert set(out) - {"again"} == TOOLS
+    assert set(out) - {"again", "one_device"} == TOOLS
     for tool, (is_error, _) in out.items():
         assert not is_error, (tool, out[tool])
+
+    one = cli("report", "--format", "json", "--device", "1", TWO_DEVICES)["files"][0]
+    got = out["one_device"][1]["files"][0]
+    assert got["summary"] == one["summary"] and got["summary"]["devices"] == 1
+    assert [d["device"] for d in got["devices"]] == [1]
 
     r = out["report"][1]["files"][0]["devices"][0]
     assert r["peak"] == report["peak"]
