@@ -1631,28 +1631,32 @@ fn host_lane(
     let mut fill = steps(&lane.allocated, lane.start_allocated);
     fill.push((right, bottom));
     fill.push((LEFT, bottom));
-    out.push_str("<polygon points=\"");
-    svg::points(out, &in_tenths(&fill));
-    let _ = write!(
+    // A shape with its tooltip.
+    let shape = |out: &mut String, tag: &str, pts: &[(f64, f64)], attrs: &str, tip: String| {
+        let _ = write!(out, "<{tag} points=\"");
+        svg::points(out, &in_tenths(pts));
+        let _ = writeln!(out, "\" {attrs}>{}</{tag}>", svg::title(&[tip]));
+    };
+    shape(
         out,
-        "\" fill=\"#9ecae1\" stroke=\"#3182bd\" stroke-width=\"1\">"
+        "polygon",
+        &fill,
+        "fill=\"#9ecae1\" stroke=\"#3182bd\" stroke-width=\"1\"",
+        format!(
+            "pinned host memory allocated; peak {}",
+            svg::bytes_exact(lane.peak_allocated)
+        ),
     );
-    out.push_str(&svg::title(&[format!(
-        "pinned host memory allocated; peak {}",
-        svg::bytes_exact(lane.peak_allocated)
-    )]));
-    out.push_str("</polygon>\n");
-    out.push_str("<polyline points=\"");
-    svg::points(out, &in_tenths(&steps(&lane.reserved, lane.start_reserved)));
-    let _ = write!(
+    shape(
         out,
-        "\" fill=\"none\" stroke=\"{INK}\" stroke-width=\"1.2\" stroke-dasharray=\"6 3\">"
+        "polyline",
+        &steps(&lane.reserved, lane.start_reserved),
+        &format!("fill=\"none\" stroke=\"{INK}\" stroke-width=\"1.2\" stroke-dasharray=\"6 3\""),
+        format!(
+            "pinned host memory reserved (host segments); peak {}",
+            svg::bytes_exact(lane.peak_reserved)
+        ),
     );
-    out.push_str(&svg::title(&[format!(
-        "pinned host memory reserved (host segments); peak {}",
-        svg::bytes_exact(lane.peak_reserved)
-    )]));
-    out.push_str("</polyline>\n");
     let _ = writeln!(
         out,
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#999\"/>",
