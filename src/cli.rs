@@ -1303,7 +1303,16 @@ fn compare_page(
         });
     }
     let diff = analysis::diff::diff(&reports[0], &reports[1], None);
-    let compare = crate::render::html::data::compare(&diff, &panels);
+    let device_reports: Vec<&crate::report::DeviceReport> = panels
+        .iter()
+        .zip(&reports)
+        .filter_map(|(p, r)| r.devices.iter().find(|d| d.device == p.device))
+        .collect();
+    anyhow::ensure!(
+        device_reports.len() == panels.len(),
+        "a compared device has no report"
+    );
+    let compare = crate::render::html::data::compare(&diff, &panels, &device_reports);
     let title = format!("snapscan compare: {} → {}", loaded[0].name, loaded[1].name);
     let markdown =
         || crate::render::diff_text::markdown(&diff, &crate::render::diff_text::DiffView { top });

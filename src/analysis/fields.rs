@@ -117,6 +117,23 @@ impl Accelerator {
         }
     }
 
+    /// The accelerator a report names ([`Accelerator::name`]); CUDA for a report written
+    /// before the field existed.
+    pub fn named(name: &str) -> Accelerator {
+        match name {
+            "xpu" => Accelerator::Xpu,
+            _ => Accelerator::Cuda,
+        }
+    }
+
+    /// The device module (`torch.cuda`), whose `empty_cache()` this device's cache answers to.
+    pub fn device_module(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "torch.cuda",
+            Accelerator::Xpu => "torch.xpu",
+        }
+    }
+
     /// The module whose `_record_memory_history` and `_dump_snapshot` record this device.
     pub fn memory_module(self) -> &'static str {
         match self {

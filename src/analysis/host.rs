@@ -19,6 +19,11 @@ pub struct HostLevels {
     pub start_allocated: u64,
     pub start_reserved: u64,
     pub changes: Vec<HostChange>,
+    /// The highest allocated level (the start's when no change passes it) and the entry that
+    /// first reached it (`None`: the start).
+    pub peak_allocated: u64,
+    pub peak_entry: Option<u32>,
+    pub peak_reserved: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +82,8 @@ fn levels(
     let (mut level, mut reserved) = (start_alloc, start_reserved);
     let clamp = |v: i128| u64::try_from(v.max(0)).unwrap_or(u64::MAX);
     let mut changes = Vec::new();
+    let (mut peak_allocated, mut peak_entry, mut peak_reserved) =
+        (clamp(start_alloc), None, clamp(start_reserved));
     for i in 0..trace.len() {
         let e = trace.at(i);
         match e.action {
@@ -86,17 +93,25 @@ fn levels(
             Action::SegmentFree => reserved -= i128::from(e.size),
             _ => continue,
         }
-        changes.push(HostChange {
+        let change = HostChange {
             entry: i as u32,
             time_us: e.time_us,
             allocated: clamp(level),
             reserved: clamp(reserved),
-        });
+        };
+        if change.allocated > peak_allocated {
+            (peak_allocated, peak_entry) = (change.allocated, Some(change.entry));
+        }
+        peak_reserved = peak_reserved.max(change.reserved);
+        changes.push(change);
     }
     HostLevels {
         start_allocated: clamp(start_alloc),
         start_reserved: clamp(start_reserved),
         changes,
+        peak_allocated,
+        peak_entry,
+        peak_reserved,
     }
 }
 
@@ -118,17 +133,7 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
         .collect();
     let levels = levels(trace, allocated_at_dump, reserved_at_dump);
     let mut live: FxHashMap<u64, (u64, StackId)> = FxHashMap::default();
-    let (mut peak, mut peak_event, mut peak_reserved) = (
-        i128::from(levels.start_allocated),
-        None,
-        i128::from(levels.start_reserved),
-    );
-    for c in &levels.changes {
-        if i128::from(c.allocated) > peak {
-            (peak, peak_event) = (i128::from(c.allocated), Some(c.entry));
-        }
-        peak_reserved = peak_reserved.max(i128::from(c.reserved));
-    }
+    let (peak, peak_event) = (i128::from(levels.peak_allocated), levels.peak_entry);
     // The live set at the peak: allocations made in the window and not freed by then, and
     // what the window started with (no stack known for it).
     let mut traced_live = 0i128;
@@ -210,7 +215,7 @@ pub fn host_memory(snapshot: &Snapshot) -> Option<HostMemory> {
         peak_allocated_bytes: peak_bytes,
         peak_event_index: peak_event,
         peak_time_us: peak_event.and_then(|e| trace.at(e as usize).time_us),
-        peak_reserved_bytes: u64::try_from(peak_reserved).unwrap_or(u64::MAX),
+        peak_reserved_bytes: levels.peak_reserved,
         live_at_peak_by_call_site,
         held_at_dump_by_call_site,
         stacks,
@@ -250,8 +255,8 @@ pub fn host_lane(levels: &HostLevels, device_trace: &crate::snapshot::Trace) -> 
         by_time,
         start_allocated: levels.start_allocated,
         start_reserved: levels.start_reserved,
-        peak_allocated: levels.start_allocated,
-        peak_reserved: levels.start_reserved,
+        peak_allocated: levels.peak_allocated,
+        peak_reserved: levels.peak_reserved,
         ..HostLane::default()
     };
     let bucket = (n + 1).div_ceil(LANE_POINTS).max(1) as u64;
@@ -281,8 +286,6 @@ pub fn host_lane(levels: &HostLevels, device_trace: &crate::snapshot::Trace) -> 
             (Some(t), Some(t0)) => t.saturating_sub(t0),
             _ => 0,
         };
-        lane.peak_allocated = lane.peak_allocated.max(c.allocated);
-        lane.peak_reserved = lane.peak_reserved.max(c.reserved);
         // In the same bucket of states as the point before: the bucket keeps two points, its
         // highest levels (drawn) and its last ones (where the next bucket starts from).
         if let Some(j) = bucket_first

@@ -1514,19 +1514,17 @@ fn all_blocks(report: &Report, view: &View) -> Vec<Block> {
         if file.devices.is_empty() {
             blocks.push(Block::Heading(safe::name(&file.path)));
             // The module follows the dump's allocator (an XPU dump is told torch.xpu).
-            let accel = if file.snapshot_fields.accelerator.is_empty() {
-                "cuda"
-            } else {
-                file.snapshot_fields.accelerator.as_str()
-            };
+            let accel =
+                crate::analysis::fields::Accelerator::named(&file.snapshot_fields.accelerator);
             blocks.push(Block::Para(format!(
                 "No segments and no trace: nothing to report. Either recording started after \
-                 the allocations were freed, or the dump came after torch.{accel}.empty_cache() \
+                 the allocations were freed, or the dump came after {device}.empty_cache() \
                  (which returns every cached segment to the driver). Record with \
-                 torch.{accel}.memory._record_memory_history(max_entries=100000) before the \
-                 work and call torch.{accel}.memory._dump_snapshot(path) before any \
+                 {memory}._record_memory_history(max_entries=100000) before the \
+                 work and call {memory}._dump_snapshot(path) before any \
                  empty_cache().",
-                accel = safe::name(accel)
+                device = accel.device_module(),
+                memory = accel.memory_module(),
             )));
         }
         for dev in &file.devices {

@@ -82,9 +82,20 @@ pub fn timeline(
     let panels_n = devices.len().max(1);
     let detail = options.detail.min(MAX_DETAIL / panels_n);
     let budget = POINT_BUDGET / panels_n;
+    // The file's pinned host levels, found once and drawn under every device's panel.
+    let host = crate::analysis::host::host_levels(snapshot);
     let panels: Vec<(String, f64)> = devices
         .par_iter()
-        .map(|&d| panel(name, snapshot, d, options.x, detail, budget, options.colour))
+        .map(|&d| {
+            let view = PanelView {
+                axis: options.x,
+                detail,
+                budget,
+                colour: options.colour,
+                host: host.as_ref(),
+            };
+            panel(name, snapshot, d, &view)
+        })
         .collect();
     let mut body = String::new();
     let mut y = 0.0;
@@ -941,15 +952,23 @@ fn site_lines(tip: &mut Vec<String>, sites: &[(String, (u64, u64))]) {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn panel(
-    name: &str,
-    snapshot: &Snapshot,
-    device: i64,
+/// How one device's panel is drawn, and the file's host levels drawn under it.
+struct PanelView<'a> {
     axis: XAxis,
     detail: usize,
     budget: usize,
     colour: Option<ColourBy>,
-) -> (String, f64) {
+    host: Option<&'a crate::analysis::host::HostLevels>,
+}
+
+fn panel(name: &str, snapshot: &Snapshot, device: i64, view: &PanelView) -> (String, f64) {
+    let &PanelView {
+        axis,
+        detail,
+        budget,
+        colour,
+        host,
+    } = view;
     let replay = replay_device(snapshot, device);
     let trace = snapshot.trace(device);
     let allocs = &replay.allocations;
@@ -1536,8 +1555,8 @@ fn panel(
         svg::text(&mut out, mx + 14.0, ly, 12, "", "OOM (failed request)");
     }
     let mut height = ly + 22.0;
-    if let Some(levels) = crate::analysis::host::host_levels(snapshot) {
-        let lane = crate::analysis::host::host_lane(&levels, trace);
+    if let Some(levels) = host {
+        let lane = crate::analysis::host::host_lane(levels, trace);
         height = host_lane(&mut out, &lane, &x, height + 8.0);
     }
     (out, height)

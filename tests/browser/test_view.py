@@ -353,6 +353,72 @@ def test_the_compare_page_lists_the_call_site_that_grew_and_finds_it_in_both(bro
     o.close()
 
 
+def test_the_compare_page_lines_up_the_steps_and_puts_both_peaks_allocator_side_by_side(browser, work):
+    """Two real training runs with steps: the time axis is by step (step k of both begins at the
+    same x, where each report says it begins), and the allocator's state at each peak is the
+    report's."""
+    import json
+    import os
+
+    base = fixture("captured", "train_python.pickle")
+    new = fixture("captured", "train_all_stacks.pickle")
+    out = os.path.join(work, "compare-steps.html")
+    run("view", "--compare", base, new, "-o", out)
+    reports = [json.loads(run("report", "--format", "json", f).stdout)["files"][0]["devices"][0] for f in (base, new)]
+    assert all(len(r["steps"]) >= 2 for r in reports)
+    o = Opened(browser, out)
+    assert o.requests == [o.url]
+    assert not o.errors
+    assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    c = o.page.evaluate("window.snapscan.compare()")
+    assert c["axis"] == "steps"
+    for run_, report in zip(c["runs"], reports):
+        assert run_["steps"] == len(report["steps"])
+        assert run_["knots"][:-1] == [s["first_event"] for s in report["steps"]]
+        assert run_["knots"][-1] == report["steps"][-1]["last_event"] + 1
+    shared = min(r["steps"] for r in c["runs"])
+    a, b = (r["knotX"][:shared] for r in c["runs"])
+    assert all(abs(x - y) < 0.01 for x, y in zip(a, b)), (a, b)
+    # Step starts differ by event (the runs differ), so lining them up moved at least one.
+    assert [r["knots"][:shared] for r in c["runs"]][0] != [r["knots"][:shared] for r in c["runs"]][1]
+    state = {row[0]: row[1:] for row in c["state"]}
+    for i, report in enumerate(reports):
+        frag = report["fragmentation_at_peak"]
+        assert state["requested"][i] == format_bytes(report["peak"]["requested_bytes"])
+        assert state["reserved"][i] == format_bytes(report["peak"]["reserved_bytes"])
+        assert state["cached_free"][i] == format_bytes(frag["reserved_unallocated_bytes"])
+        assert state["largest_free_block"][i] == format_bytes(frag["largest_hole_bytes"])
+        assert state["free_blocks"][i] == f"{frag['holes']:,}"
+        assert state["ooms"][i] == str(len(report["oom"]))
+    # The events axis, from the keyboard: the buttons are reachable and the peaks' rings move.
+    o.page.locator(".cmp-axis-btn", has_text="events").focus()
+    o.page.keyboard.press("Enter")
+    c2 = o.page.evaluate("window.snapscan.compare()")
+    assert c2["axis"] == "events"
+    assert [r["ringX"] for r in c2["runs"]] != [r["ringX"] for r in c["runs"]]
+    assert not o.errors
+    o.screenshot("compare-steps")
+    o.close()
+
+
+def test_the_compare_page_of_a_run_without_steps_is_by_event(browser, work):
+    import os
+
+    base = fixture("real", "Yiyi-philosophy__LLM-inference__1.3b_snapshot.pickle")
+    new = fixture("real", "Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle")
+    out = os.path.join(work, "compare-events.html")
+    run("view", "--compare", base, new, "-o", out)
+    o = Opened(browser, out)
+    assert not o.errors
+    c = o.page.evaluate("window.snapscan.compare()")
+    # An inference run has no steps to line up: events, and the steps button is off.
+    assert c["axis"] == "events"
+    assert [r["steps"] for r in c["runs"]] == [0, 1]
+    assert o.page.locator(".cmp-axis-btn", has_text="aligned steps").is_disabled()
+    assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    o.close()
+
+
 def test_the_peak_is_the_report_s_at_every_zoom(opened, case):
     """The ring and the figure of the peak do not depend on the zoom (the official viewer's
     peak drops when its detail is lowered)."""

@@ -214,6 +214,7 @@ pub fn device_data(
     snapshot: &Snapshot,
     device: i64,
     parts: &DeviceParts,
+    host: Option<&crate::analysis::host::HostLevels>,
 ) -> (Value, Columns) {
     let replay = &parts.replay;
     let phases = &parts.phases;
@@ -461,18 +462,15 @@ pub fn device_data(
         "code_paths": stacks.code_paths,
         "stack_code": stacks.stack_code,
         "site_colours": site_colours,
-        "host": host_lane(snapshot, trace),
+        "host": host.map_or(Value::Null, |levels| host_lane(levels, trace)),
     });
     (header, columns)
 }
 
-/// The pinned host memory lane (torch 2.14+ `host_traces`) on this device's states: `null` when
-/// the dump recorded no host trace.
-fn host_lane(snapshot: &Snapshot, trace: &crate::snapshot::Trace) -> Value {
-    let Some(levels) = crate::analysis::host::host_levels(snapshot) else {
-        return Value::Null;
-    };
-    let lane = crate::analysis::host::host_lane(&levels, trace);
+/// The pinned host memory lane (torch 2.14+ `host_traces`) on this device's states (the page
+/// has `null` where the dump recorded no host trace).
+fn host_lane(levels: &crate::analysis::host::HostLevels, trace: &crate::snapshot::Trace) -> Value {
+    let lane = crate::analysis::host::host_lane(levels, trace);
     json!({
         "by_time": lane.by_time,
         "start": [lane.start_allocated, lane.start_reserved],
@@ -566,15 +564,49 @@ fn curve_points(replay: &crate::analysis::lifetimes::DeviceReplay) -> Vec<Value>
     out
 }
 
-/// The compare page's section: both runs' curves and peaks, and the call sites and categories
-/// at the peak that changed, from the diff of their reports. `panels` are the base's and the
-/// new run's.
-pub fn compare(diff: &crate::report::DiffReport, panels: &[super::Panel]) -> Value {
+/// Where each training step begins, then where the last one ends (one past its last event):
+/// the knots that line the two runs' steps up on the compare page. Empty without steps.
+fn step_knots(steps: &[crate::report::StepSummary]) -> Vec<u32> {
+    let mut knots: Vec<u32> = steps.iter().map(|s| s.first_event).collect();
+    if let Some(last) = steps.last() {
+        knots.push(last.last_event.saturating_add(1));
+    }
+    knots
+}
+
+/// The allocator's state at a run's peak, as its report gives it: the figures the compare page
+/// puts side by side.
+fn state_at_peak(report: &crate::report::DeviceReport) -> Value {
+    let (peak, frag) = (&report.peak, &report.fragmentation_at_peak);
+    json!({
+        "requested": peak.requested_bytes.max(0),
+        "allocated": peak.allocated_bytes.max(0),
+        "reserved": peak.reserved_bytes.max(0),
+        "cached_free": frag.reserved_unallocated_bytes,
+        "free_blocks": frag.holes,
+        "largest_free_block": frag.largest_hole_bytes,
+        "fragmentation": frag.fragmentation_ratio,
+        "phase": peak.phase,
+        "step": peak.step,
+        "peak_reserved": report.peak_reserved.bytes.max(0),
+        "ooms": report.oom_events(),
+    })
+}
+
+/// The compare page's section: both runs' curves, peaks, step starts and allocator state at
+/// the peak, and the call sites and categories at the peak that changed, from the diff of their
+/// reports. `panels` are the base's and the new run's, `reports` their devices' reports.
+pub fn compare(
+    diff: &crate::report::DiffReport,
+    panels: &[super::Panel],
+    reports: &[&crate::report::DeviceReport],
+) -> Value {
     use crate::report::{Change, KeyDelta};
     let runs: Vec<Value> = panels
         .iter()
+        .zip(reports)
         .enumerate()
-        .map(|(i, p)| {
+        .map(|(i, (p, report))| {
             let replay = &p.parts.replay;
             let (peak, peak_event) = replay.requested.peak();
             json!({
@@ -585,6 +617,8 @@ pub fn compare(diff: &crate::report::DiffReport, panels: &[super::Panel]) -> Val
                 "peak": peak.max(0),
                 "peak_event": peak_event,
                 "points": curve_points(replay),
+                "steps": step_knots(&report.steps),
+                "state": state_at_peak(report),
             })
         })
         .collect();

@@ -112,12 +112,35 @@ pub fn page(
     section: Option<(&str, serde_json::Value)>,
 ) -> Vec<u8> {
     let mut timer = crate::timing::Timer::new();
+    // Each file's pinned host levels, found once (at its first panel) for all its devices.
+    let mut first_panel: rustc_hash::FxHashMap<*const Snapshot, usize> = Default::default();
+    let first_of_file: Vec<usize> = panels
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            *first_panel
+                .entry(std::ptr::from_ref(p.snapshot))
+                .or_insert(i)
+        })
+        .collect();
+    let host: Vec<Option<crate::analysis::host::HostLevels>> = panels
+        .par_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (first_of_file[i] == i)
+                .then(|| crate::analysis::host::host_levels(p.snapshot))
+                .flatten()
+        })
+        .collect();
     let (report_html, devices) = rayon::join(
         || markdown::to_html(&report_markdown()),
         || {
             panels
                 .par_iter()
-                .map(|p| data::device_data(p.name, p.snapshot, p.device, p.parts))
+                .zip(&first_of_file)
+                .map(|(p, &first)| {
+                    data::device_data(p.name, p.snapshot, p.device, p.parts, host[first].as_ref())
+                })
                 .collect::<Vec<_>>()
         },
     );

@@ -1534,44 +1534,128 @@
   }
 
   // ---------- the compare page ----------
-  // Both runs' requested (solid) and reserved (dashed) bytes over one event axis and one byte
-  // axis, each run's peak ringed at its exact figure; then the call sites and categories that
-  // changed at the peak, a click on a site finding it in both panels.
+  // Both runs' requested (solid) and reserved (dashed) bytes over one time axis and one byte
+  // axis, each run's peak ringed at its exact figure: by training step when both runs have
+  // steps (step k of both begins at the same x, events spread evenly within a step), else by
+  // event. Then the allocator's state at both peaks side by side, and the call sites and
+  // categories that changed at the peak, a click on a site finding it in both panels.
   const RUN_COLOURS = ['#5a5a5f', '#d95f02'];
+  // x of an event on the step axis: -1 is the window start, step k spans [k, k+1), what comes
+  // before the first step spans [-1, 0) and what comes after the last one [n, n+1).
+  function stepX(knots, events) {
+    const n = knots.length - 1;
+    return (e) => {
+      if (e < knots[0]) return -1 + (e + 1) / (knots[0] + 1);
+      if (e >= knots[n]) return n + (events > knots[n] ? (e - knots[n]) / (events - knots[n]) : 0);
+      let lo = 0, hi = n;
+      while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (knots[mid] <= e) lo = mid; else hi = mid; }
+      return lo + (e - knots[lo]) / (knots[lo + 1] - knots[lo]);
+    };
+  }
+  // The allocator's state at each run's peak, side by side, with the change.
+  function stateTable(runs) {
+    const [a, b] = runs.map((r) => r.state);
+    const ratio = (v) => (100 * v).toFixed(1) + ' %';
+    const signed = (d, f) => d === 0 ? '=' : (d > 0 ? '+' : '−') + f(Math.abs(d));
+    const points = (v) => (100 * v).toFixed(1) + ' points';
+    const rows = [
+      ['Requested at the peak', 'requested', fmtBytes],
+      ['Allocated (blocks)', 'allocated', fmtBytes],
+      ['Reserved', 'reserved', fmtBytes],
+      ['Reserved, not allocated', 'cached_free', fmtBytes],
+      ['Free blocks', 'free_blocks', fmtInt],
+      ['Largest free block', 'largest_free_block', fmtBytes],
+      ['Fragmentation (1 − largest free / free)', 'fragmentation', ratio],
+      ['Highest reserved in the window', 'peak_reserved', fmtBytes],
+      ['OOMs', 'ooms', fmtInt],
+    ];
+    const table = el('table', { class: 'cmp-state', 'aria-label': 'Allocator state at the two peaks' });
+    table.append(el('tr', {}, el('th', { text: 'At the peak' }), el('th', { text: 'base' }), el('th', { text: 'new' }), el('th', { text: 'change' })));
+    const phase = (s) => s.phase + (s.step == null ? '' : ', step ' + s.step);
+    table.append(el('tr', {}, el('td', { text: 'Phase' }), el('td', { text: phase(a) }), el('td', { text: phase(b) }), el('td', { text: phase(a) === phase(b) ? '=' : 'changed' })));
+    for (const [label, key, f] of rows) {
+      const tr = el('tr', {}, el('td', { text: label }), el('td', { class: 'num', text: f(a[key]) }), el('td', { class: 'num', text: f(b[key]) }),
+        el('td', { class: 'num ' + (b[key] > a[key] ? 'grew' : b[key] < a[key] ? 'shrank' : ''), text: signed(b[key] - a[key], f === ratio ? points : f) }));
+      tr.dataset.key = key;
+      table.append(tr);
+    }
+    return el('div', { class: 'cmp-state-box' }, el('h4', { text: 'The allocator at each peak' }), table);
+  }
   function compareSection(c, find) {
     const box = el('section', { class: 'compare', id: 'compare', 'aria-label': 'Compare' });
     const [a, b] = c.runs;
     const delta = c.peak_delta || 0;
     box.append(el('h3', { text: 'Peak ' + fmtBytes(a.peak) + ' → ' + fmtBytes(b.peak) + ' (' + (delta >= 0 ? '+' : '−') + fmtBytes(Math.abs(delta)) + ')' }));
     const legend = el('div', { class: 'legend cmp-legend' });
-    c.runs.forEach((r, i) => legend.append(el('span', { class: 'item' }, el('i', { style: 'background:' + RUN_COLOURS[i] }), el('span', { text: (i ? 'new: ' : 'base: ') + r.file + ' (device ' + r.device + ', ' + fmtInt(r.events) + ' events)' }))));
+    c.runs.forEach((r, i) => legend.append(el('span', { class: 'item' }, el('i', { style: 'background:' + RUN_COLOURS[i] }), el('span', { text: (i ? 'new: ' : 'base: ') + r.file + ' (device ' + r.device + ', ' + fmtInt(r.events) + ' events' + (r.steps.length > 1 ? ', ' + (r.steps.length - 1) + ' steps' : '') + ')' }))));
     legend.append(el('span', { class: 'item muted', text: 'solid: requested · dashed: reserved · ring: peak' }));
     box.append(legend);
+    const bySteps = c.runs.every((r) => r.steps.length > 1);
+    let axis = bySteps ? 'steps' : 'events';
+    const axisBox = el('div', { class: 'cmp-axis', role: 'radiogroup', 'aria-label': 'Time axis' });
+    const axisButtons = {};
+    for (const [mode, label] of [['steps', 'aligned steps'], ['events', 'events']]) {
+      const btn = el('button', { type: 'button', role: 'radio', class: 'cmp-axis-btn', text: label, 'aria-checked': String(mode === axis) });
+      if (mode === 'steps' && !bySteps) { btn.disabled = true; btn.title = 'both runs need training steps'; }
+      btn.addEventListener('click', () => { axis = mode; for (const [m, x] of Object.entries(axisButtons)) x.setAttribute('aria-checked', String(m === axis)); draw(); });
+      axisButtons[mode] = btn; axisBox.append(btn);
+    }
+    box.append(el('div', { class: 'tools' }, el('span', { class: 'muted', text: 'Time axis: ' }), axisBox));
     const W = 1100, H = 260, L = 78, R = 16, T = 12, B = 30;
-    const canvas = el('canvas', { class: 'cmp-chart', width: String(W * (window.devicePixelRatio || 1)), height: String(H * (window.devicePixelRatio || 1)), style: 'width:' + W + 'px;height:' + H + 'px', role: 'img', 'aria-label': 'requested and reserved bytes of both runs' });
+    const dpr = window.devicePixelRatio || 1;
+    const canvas = el('canvas', { class: 'cmp-chart', width: String(W * dpr), height: String(H * dpr), style: 'width:' + W + 'px;height:' + H + 'px', role: 'img', 'aria-label': 'requested and reserved bytes of both runs' });
     box.append(canvas);
     const g = canvas.getContext('2d');
-    g.scale(window.devicePixelRatio || 1, window.devicePixelRatio || 1);
-    const xMax = Math.max(1, a.events, b.events);
     const yMax = Math.max(1, ...c.runs.flatMap((r) => r.points.map((p) => Math.max(p[1], p[2]))));
     const step = byteStep(yMax, 5);
-    const x = (e) => L + (e + 1) / (xMax + 1) * (W - L - R), y = (v) => T + (1 - v / yMax) * (H - T - B);
-    g.font = '11px system-ui, sans-serif'; g.fillStyle = '#5a5a5f'; g.strokeStyle = '#e5e5ea'; g.lineWidth = 1;
-    for (let v = 0; v <= yMax; v += step) { g.beginPath(); g.moveTo(L, y(v)); g.lineTo(W - R, y(v)); g.stroke(); g.textAlign = 'right'; g.fillText(fmtBytes(v), L - 6, y(v) + 4); }
-    const xs = niceStep(xMax, 8);
-    g.textAlign = 'center';
-    for (let e = 0; e <= xMax; e += xs) g.fillText(fmtInt(e), x(e), H - B + 16);
-    g.fillText('event', W - R - 20, H - 4);
-    c.runs.forEach((r, i) => {
-      for (const [col, dash] of [[2, [5, 4]], [1, []]]) {
-        g.beginPath(); g.setLineDash(dash); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = col === 1 ? 2 : 1.2;
-        r.points.forEach((p, k) => { const nx = k + 1 < r.points.length ? r.points[k + 1][0] : r.events; if (k) g.lineTo(x(p[0]), y(p[col])); else g.moveTo(x(p[0]), y(p[col])); g.lineTo(x(nx - 1), y(p[col])); });
-        g.stroke();
-      }
+    const y = (v) => T + (1 - v / yMax) * (H - T - B);
+    function draw() {
+      // Each run's event → axis unit, and the axis' extent in those units.
+      const unit = c.runs.map((r) => axis === 'steps' ? stepX(r.steps, r.events) : (e) => e);
+      const lo = -1;
+      const hi = Math.max(1, ...c.runs.map((r, i) => unit[i](r.events)));
+      const x = (u) => L + (u - lo) / (hi - lo) * (W - L - R);
+      g.setTransform(dpr, 0, 0, dpr, 0, 0);
+      g.clearRect(0, 0, W, H);
       g.setLineDash([]);
-      const pe = r.peak_event == null ? -1 : r.peak_event;
-      g.beginPath(); g.arc(x(pe), y(r.peak), 6, 0, 2 * Math.PI); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = 2; g.stroke();
-    });
+      g.font = '11px system-ui, sans-serif'; g.fillStyle = '#5a5a5f'; g.strokeStyle = '#e5e5ea'; g.lineWidth = 1;
+      for (let v = 0; v <= yMax; v += step) { g.beginPath(); g.moveTo(L, y(v)); g.lineTo(W - R, y(v)); g.stroke(); g.textAlign = 'right'; g.fillText(fmtBytes(v), L - 6, y(v) + 4); }
+      g.textAlign = 'center';
+      if (axis === 'steps') {
+        const every = Math.max(1, niceStep(hi, 12)), steps = Math.max(...c.runs.map((r) => r.steps.length - 1));
+        for (let k = 0; k <= hi; k += every) {
+          g.strokeStyle = '#e5e5ea'; g.beginPath(); g.moveTo(x(k), T); g.lineTo(x(k), H - B); g.stroke();
+          if (k < steps) g.fillText(String(k), x(k + 0.5), H - B + 16);
+        }
+        g.fillStyle = '#8e8e93';
+        g.fillText('before', x(-0.5), H - B + 16);
+        if (hi > steps) g.fillText('after', x(steps + 0.5), H - B + 16);
+        g.fillStyle = '#5a5a5f';
+        g.fillText('step', W - R - 20, H - 4);
+      } else {
+        const xs = niceStep(hi, 8);
+        for (let e = 0; e <= hi; e += xs) g.fillText(fmtInt(e), x(e), H - B + 16);
+        g.fillText('event', W - R - 20, H - 4);
+      }
+      c.runs.forEach((r, i) => {
+        const u = unit[i];
+        for (const [col, dash] of [[2, [5, 4]], [1, []]]) {
+          g.beginPath(); g.setLineDash(dash); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = col === 1 ? 2 : 1.2;
+          r.points.forEach((p, k) => { const nx = k + 1 < r.points.length ? r.points[k + 1][0] : r.events; if (k) g.lineTo(x(u(p[0])), y(p[col])); else g.moveTo(x(u(p[0])), y(p[col])); g.lineTo(x(u(nx)), y(p[col])); });
+          g.stroke();
+        }
+        g.setLineDash([]);
+        const pe = r.peak_event == null ? -1 : r.peak_event;
+        // The peak's state spans [event, event + 1) on the axis: its ring sits in the middle.
+        const px = x((u(pe) + u(pe + 1)) / 2);
+        g.beginPath(); g.arc(px, y(r.peak), 6, 0, 2 * Math.PI); g.strokeStyle = RUN_COLOURS[i]; g.lineWidth = 2; g.stroke();
+        r.ringX = px;
+        r.knotX = r.steps.map((e) => x(u(e)));
+      });
+      window.snapscan.compareAxis = axis;
+    }
+    draw();
+    box.append(stateTable(c.runs));
     const table = (title, rows, clickable) => {
       if (!rows.length) return;
       box.append(el('h4', { text: title }));
@@ -1726,7 +1810,7 @@
       if (panels[active]) panels[active].key(ev);
     });
     window.snapscan.panel = (i) => { if (i !== undefined) active = i; return panels[active] && panels[active].api(); };
-    window.snapscan.compare = () => ({ runs: header.compare.runs.map((r) => ({ file: r.file, peak: r.peak })), sites: [...document.querySelectorAll('#compare .cmp-row.click')].map((r) => ({ key: r.dataset.key, delta: +r.dataset.delta })) });
+    window.snapscan.compare = () => ({ axis: window.snapscan.compareAxis, runs: header.compare.runs.map((r) => ({ file: r.file, peak: r.peak, ringX: r.ringX, knots: r.steps, knotX: r.knotX, steps: r.steps.length ? r.steps.length - 1 : 0 })), state: [...document.querySelectorAll('#compare .cmp-state tr[data-key]')].map((tr) => [tr.dataset.key, ...[...tr.children].slice(1, 3).map((td) => td.textContent)]), sites: [...document.querySelectorAll('#compare .cmp-row.click')].map((r) => ({ key: r.dataset.key, delta: +r.dataset.delta })) });
     window.snapscan.tabs = () => header.devices.map((h) => ({ file: h.file, device: h.device, oom: h.ooms.length > 0 }));
   }
   window.snapscan = { fmtBytes };
