@@ -547,6 +547,85 @@ fn load_readable(
     Ok((loaded, unreadable))
 }
 
+/// Each input loaded and handed to `work`, then let go, files side by side: a job of many files
+/// holds a few snapshots at a time, not all of them. The inputs that cannot be read come back
+/// with their errors (a single input: its error). An error when nothing could be read.
+fn each_readable<T: Send>(
+    files: &[PathBuf],
+    salvage: bool,
+    work: impl Fn(&LoadedSnapshot) -> T + Sync,
+) -> Result<(Vec<T>, Vec<crate::report::Unreadable>), anyhow::Error> {
+    let files = crate::input::expand_inputs(files)?;
+    let opts = snapshot::LoadOptions {
+        salvage,
+        hint_salvage: true,
+    };
+    let one = files.len() == 1;
+    let results: Vec<_> = files
+        .par_iter()
+        .map(|f| {
+            let l = snapshot::load_with(f, opts)?;
+            if let Some(s) = &l.snapshot.salvaged {
+                warn(&format!("{}: {}", l.name, s.describe(&l.snapshot)));
+            }
+            let out = work(&l);
+            if one {
+                // The process ends soon: a big snapshot is not worth freeing.
+                exit_soon(l);
+            }
+            Ok::<T, snapshot::LoadError>(out)
+        })
+        .collect();
+    let mut done = Vec::with_capacity(results.len());
+    let mut unreadable = Vec::new();
+    for (path, r) in files.iter().zip(results) {
+        match r {
+            Ok(out) => done.push(out),
+            Err(e) if one => return Err(e.into()),
+            Err(e) => unreadable.push(crate::report::Unreadable {
+                path: crate::input::display_name(path),
+                error: format!("{e:#}"),
+            }),
+        }
+    }
+    if done.is_empty() {
+        if let Some(u) = unreadable.first() {
+            anyhow::bail!("{}", u.error);
+        }
+    }
+    Ok((done, unreadable))
+}
+
+/// One file's report and its panels' page data (every device, or only `options.device`; a
+/// device of a many-device file only where its report has a section for it).
+fn file_page_data(
+    loaded: &LoadedSnapshot,
+    options: &analysis::report::ReportOptions,
+) -> Result<
+    (
+        crate::report::FileReport,
+        Vec<crate::render::html::PanelData>,
+    ),
+    anyhow::Error,
+> {
+    if let Some(d) = options.device {
+        crate::render::svg::devices(&loaded.snapshot, Some(d))?;
+    }
+    let (report, parts) = {
+        let _spinner =
+            crate::progress::Loading::busy(&loaded.name, loaded.decoded_bytes, "analysing");
+        analysis::report::file_report_keeping(loaded, options)
+    };
+    let file = (loaded.name.as_str(), &loaded.snapshot, parts.as_slice());
+    let mut panels = crate::render::html::panels(&[file], options.device)?;
+    // A file of many devices gets tabs for the devices its report has a section for: a
+    // browser took 53 s to open the page of 8 000 devices.
+    panels.retain(|p| {
+        report.device_table.is_empty() || report.devices.iter().any(|d| d.device == p.device)
+    });
+    Ok((report, crate::render::html::panel_data(&panels)))
+}
+
 /// `value` in the chosen format: its JSON, or what its text or Markdown renderer makes (colour
 /// only for a terminal).
 fn formatted<T: serde::Serialize>(
@@ -597,11 +676,6 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 );
             }
             let mut timer = crate::timing::Timer::new();
-            let (loaded, unreadable) = load_readable(&files, salvage)?;
-            for u in &unreadable {
-                error(&u.error);
-            }
-            timer.lap("load");
             let options = analysis::report::ReportOptions {
                 device,
                 all_devices,
@@ -614,8 +688,21 @@ fn run(cli: Cli) -> Result<Outcome, anyhow::Error> {
                 }),
                 ..Default::default()
             };
-            let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
-            timer.lap("analysis");
+            // The pictures need every snapshot at once; without them each file is let go
+            // once its report is made, so a job holds a few snapshots at a time.
+            let (reports, unreadable, loaded) = if svg.is_some() {
+                let (loaded, unreadable) = load_readable(&files, salvage)?;
+                let reports: Vec<_> = loaded.par_iter().map(|l| report_of(l, &options)).collect();
+                (reports, unreadable, loaded)
+            } else {
+                let (reports, unreadable) =
+                    each_readable(&files, salvage, |l| report_of(l, &options))?;
+                (reports, unreadable, Vec::new())
+            };
+            for u in &unreadable {
+                error(&u.error);
+            }
+            timer.lap("load and analysis");
             let ranks = (reports.len() + unreadable.len() > 1)
                 .then(|| analysis::report::rank_table(&reports, &unreadable, ranks));
             let report = crate::report::Report {
@@ -1148,8 +1235,8 @@ fn view_page(
             files.len()
         );
     }
-    let (loaded, unreadable) = load_readable(files, salvage)?;
     if compare {
+        let (loaded, unreadable) = load_readable(files, salvage)?;
         if let Some(u) = unreadable.first() {
             anyhow::bail!("{}", u.error);
         }
@@ -1163,51 +1250,46 @@ fn view_page(
         }
         return compare_page(&loaded, device, top, output);
     }
-    for u in &unreadable {
-        error(&u.error);
-    }
-    // The page is drawn from what the report was made of: one decode, one analysis.
+    // The page is drawn from what the report was made of: one decode, one analysis. Each file's
+    // panels are made while it is loaded, then it is let go: a job holds a few snapshots at a
+    // time, not all of them.
     let options = analysis::report::ReportOptions {
         device,
         all_devices,
         model_blocks: true,
         ..Default::default()
     };
-    let (reports, parts) = page_analysis(&loaded, &options)?;
-    let files: Vec<crate::render::html::PageFile> = loaded
-        .iter()
-        .zip(&parts)
-        .map(|(l, p)| (l.name.as_str(), &l.snapshot, p.as_slice()))
-        .collect();
-    let mut panels = crate::render::html::panels(&files, device)?;
-    // A file of many devices gets tabs for the devices its report has a section for: a
-    // browser took 53 s to open the page of 8 000 devices.
-    panels.retain(|p| {
-        reports
-            .iter()
-            .zip(&loaded)
-            .find(|(_, l)| std::ptr::eq(&l.snapshot, p.snapshot))
-            .is_none_or(|(r, _)| {
-                r.device_table.is_empty() || r.devices.iter().any(|d| d.device == p.device)
-            })
-    });
-    let title = match loaded.as_slice() {
-        [one] => format!("snapscan view: {}", one.name),
+    let (made, unreadable) = each_readable(files, salvage, |l| file_page_data(l, &options))?;
+    for u in &unreadable {
+        error(&u.error);
+    }
+    let mut reports = Vec::with_capacity(made.len());
+    let mut panels = Vec::new();
+    for m in made {
+        let (report, data) = m?;
+        reports.push(report);
+        panels.extend(data);
+    }
+    // Stable: file order, then device order, within "has an OOM" and "has none".
+    panels.sort_by_key(|p| !p.oom);
+    let title = match reports.as_slice() {
+        [one] => format!("snapscan view: {}", one.path),
         many => format!("snapscan view: {} files", many.len()),
     };
     let code = if unreadable.is_empty() { 0 } else { 2 };
     // A job's page opens on an overview: a row per rank file, or per device of one file.
     let ranks = (reports.len() > 1)
         .then(|| analysis::report::rank_table(&reports, &unreadable, rank_files));
+    let keys: Vec<(&str, i64)> = panels.iter().map(|p| (p.name.as_str(), p.device)).collect();
     let overview = match (&ranks, reports.as_slice()) {
-        (Some(t), _) => Some(crate::render::html::data::overview(t, false, &panels)),
+        (Some(t), _) => Some(crate::render::html::data::overview(t, false, &keys)),
         (None, [one]) if one.rows().len() > 1 => {
             let t = analysis::report::device_table_as_ranks(one);
-            Some(crate::render::html::data::overview(&t, true, &panels))
+            Some(crate::render::html::data::overview(&t, true, &keys))
         }
         _ => None,
     };
-    let markdown = || {
+    let markdown = {
         // A big job's page has report sections for the files worth one (the outliers, those
         // with an OOM, the highest peak): the page of 1 000 ranks with a section each was
         // 21 MB of HTML that a browser took 12 s to read. The rank table lists every file.
@@ -1251,9 +1333,12 @@ fn view_page(
         };
         note + &crate::render::report_text::markdown(&report, &view)
     };
-    let bytes =
-        crate::render::html::page(&title, markdown, &panels, overview.map(|o| ("overview", o)));
-    exit_soon(loaded);
+    let bytes = crate::render::html::page_of_data(
+        &title,
+        &markdown,
+        panels,
+        overview.map(|o| ("overview", o)),
+    );
     Ok(Outcome {
         output: bytes,
         target: output,

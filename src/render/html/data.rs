@@ -500,16 +500,22 @@ pub fn legend() -> Value {
 pub fn overview(
     table: &crate::report::RankTable,
     by_device: bool,
-    panels: &[super::Panel],
+    panels: &[(&str, i64)],
 ) -> Value {
+    let panel_of: rustc_hash::FxHashMap<(&str, i64), usize> = panels
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, &key)| (key, i))
+        .collect();
     let rows: Vec<Value> = table
         .rows
         .iter()
         .map(|r| {
-            let panel = panels
-                .iter()
-                .position(|p| p.name == r.path && Some(p.device) == r.peak_device)
-                .map_or(-1, |i| i as i64);
+            let panel = r
+                .peak_device
+                .and_then(|d| panel_of.get(&(r.path.as_str(), d)))
+                .map_or(-1, |&i| i as i64);
             let who = match (by_device, r.rank) {
                 (true, _) => format!("device {}", r.peak_device.unwrap_or(-1)),
                 (false, Some(k)) => format!("rank {k}"),

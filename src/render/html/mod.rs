@@ -56,12 +56,7 @@ pub fn panels<'a>(files: &[PageFile<'a>], device: Option<i64>) -> anyhow::Result
         }
     }
     // Stable: file order, then device order, within "has an OOM" and "has none".
-    out.sort_by_key(|p| {
-        !p.snapshot
-            .trace(p.device)
-            .iter()
-            .any(|e| e.action == Action::Oom)
-    });
+    out.sort_by_key(|p| !has_oom(p.snapshot, p.device));
     Ok(out)
 }
 
@@ -102,17 +97,19 @@ fn script_text(text: &str) -> String {
     text.replace("</", "<\\/")
 }
 
-/// The whole page: `title`, the report (Markdown from `report_markdown`, which runs while the
-/// panels' data is gathered), the panels and the section the page opens on: a job's
-/// `overview` ([`data::overview`]) or a `compare` of two runs ([`data::compare`]).
-pub fn page(
-    title: &str,
-    report_markdown: impl FnOnce() -> String + Send,
-    panels: &[Panel],
-    section: Option<(&str, serde_json::Value)>,
-) -> Vec<u8> {
-    let mut timer = crate::timing::Timer::new();
-    // Each file's pinned host levels, found once (at its first panel) for all its devices.
+/// One panel's part of the page, made while its snapshot is loaded (a job's page keeps these,
+/// not the snapshots): its name, device, whether it has an OOM, its header and its columns.
+pub struct PanelData {
+    pub name: String,
+    pub device: i64,
+    pub oom: bool,
+    header: serde_json::Value,
+    columns: data::Columns,
+}
+
+/// The page's data of `panels`, each file's pinned host levels found once (at its first panel)
+/// for all its devices.
+pub fn panel_data(panels: &[Panel]) -> Vec<PanelData> {
     let mut first_panel: rustc_hash::FxHashMap<*const Snapshot, usize> = Default::default();
     let first_of_file: Vec<usize> = panels
         .iter()
@@ -132,28 +129,76 @@ pub fn page(
                 .flatten()
         })
         .collect();
+    panels
+        .par_iter()
+        .zip(&first_of_file)
+        .map(|(p, &first)| {
+            let (header, columns) =
+                data::device_data(p.name, p.snapshot, p.device, p.parts, host[first].as_ref());
+            PanelData {
+                name: p.name.to_owned(),
+                device: p.device,
+                oom: has_oom(p.snapshot, p.device),
+                header,
+                columns,
+            }
+        })
+        .collect()
+}
+
+fn has_oom(snapshot: &Snapshot, device: i64) -> bool {
+    snapshot
+        .trace(device)
+        .iter()
+        .any(|e| e.action == Action::Oom)
+}
+
+/// The whole page: `title`, the report (Markdown from `report_markdown`, which runs while the
+/// panels' data is gathered), the panels and the section the page opens on: a job's
+/// `overview` ([`data::overview`]) or a `compare` of two runs ([`data::compare`]).
+pub fn page(
+    title: &str,
+    report_markdown: impl FnOnce() -> String + Send,
+    panels: &[Panel],
+    section: Option<(&str, serde_json::Value)>,
+) -> Vec<u8> {
+    let mut timer = crate::timing::Timer::new();
     let (report_html, devices) = rayon::join(
         || markdown::to_html(&report_markdown()),
-        || {
-            panels
-                .par_iter()
-                .zip(&first_of_file)
-                .map(|(p, &first)| {
-                    data::device_data(p.name, p.snapshot, p.device, p.parts, host[first].as_ref())
-                })
-                .collect::<Vec<_>>()
-        },
+        || panel_data(panels),
     );
     timer.lap("the page's data");
+    assemble(title, &report_html, devices, section)
+}
+
+/// [`page`] from the panels' data made before (a job's, file by file, each snapshot let go
+/// once its panels were made) and the report in Markdown.
+pub fn page_of_data(
+    title: &str,
+    report_markdown: &str,
+    devices: Vec<PanelData>,
+    section: Option<(&str, serde_json::Value)>,
+) -> Vec<u8> {
+    assemble(title, &markdown::to_html(report_markdown), devices, section)
+}
+
+fn assemble(
+    title: &str,
+    report_html: &str,
+    devices: Vec<PanelData>,
+    section: Option<(&str, serde_json::Value)>,
+) -> Vec<u8> {
+    let mut timer = crate::timing::Timer::new();
     // The blob: u32 header length, the header (JSON), then every column back to back.
     let mut headers = Vec::with_capacity(devices.len());
     let mut offset = 0usize;
-    for (header, columns) in &devices {
-        let mut h = header.clone();
-        let cols: serde_json::Map<String, serde_json::Value> = columns
+    for d in &devices {
+        let mut h = d.header.clone();
+        let cols: serde_json::Map<String, serde_json::Value> = d
+            .columns
             .names
             .iter()
-            .zip(&columns.bytes)
+            .zip(&d.columns.bytes)
             .map(|(name, bytes)| {
                 let entry = json!([offset, bytes.len()]);
                 offset += bytes.len();
@@ -175,8 +220,8 @@ pub fn page(
     let mut blob = Vec::with_capacity(4 + header_bytes.len() + offset);
     blob.extend_from_slice(&(header_bytes.len() as u32).to_le_bytes());
     blob.extend_from_slice(&header_bytes);
-    for (_, columns) in devices {
-        for b in columns.bytes {
+    for d in devices {
+        for b in d.columns.bytes {
             blob.extend_from_slice(&b);
         }
     }
@@ -200,7 +245,7 @@ pub fn page(
     ));
     out.push_str("<main>\n<section id=\"views\"><p class=\"loading\" id=\"loading\">Decoding the snapshot…</p></section>\n");
     out.push_str("<section id=\"report\">\n");
-    out.push_str(&report_html);
+    out.push_str(report_html);
     out.push_str("</section>\n</main>\n");
     for c in &chunks {
         out.push_str(
