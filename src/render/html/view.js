@@ -1540,17 +1540,31 @@
   // event. Then the allocator's state at both peaks side by side, and the call sites and
   // categories that changed at the peak, a click on a site finding it in both panels.
   const RUN_COLOURS = ['#5a5a5f', '#d95f02'];
-  // x of an event on the step axis: -1 is the window start, step k spans [k, k+1), what comes
-  // before the first step spans [-1, 0) and what comes after the last one [n, n+1).
-  function stepX(knots, events) {
+  // x of an event on the step axis: step k spans [k, k+1); what comes before the first step
+  // (the window start at event -1 included) spans [-pre, 0) and what comes after the last one
+  // [n, n + post).
+  function stepX(knots, events, pre, post) {
     const n = knots.length - 1;
     return (e) => {
-      if (e < knots[0]) return -1 + (e + 1) / (knots[0] + 1);
-      if (e >= knots[n]) return n + (events > knots[n] ? (e - knots[n]) / (events - knots[n]) : 0);
+      if (e < knots[0]) return -pre + pre * (e + 1) / (knots[0] + 1);
+      if (e >= knots[n]) return n + (events > knots[n] ? post * (e - knots[n]) / (events - knots[n]) : 0);
       let lo = 0, hi = n;
       while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (knots[mid] <= e) lo = mid; else hi = mid; }
       return lo + (e - knots[lo]) / (knots[lo + 1] - knots[lo]);
     };
+  }
+  // How wide the parts before the first step and after the last one are, in steps: as long as
+  // their events would make them beside an average step (at most one step), the same for both
+  // runs so that their steps stay lined up.
+  function stepMargins(runs) {
+    const part = (r, events) => {
+      const n = r.steps.length - 1, perStep = Math.max(1, (r.steps[n] - r.steps[0]) / n);
+      return Math.min(1, events / perStep);
+    };
+    return [
+      Math.max(...runs.map((r) => part(r, r.steps[0] + 1))),
+      Math.max(...runs.map((r) => part(r, r.events - r.steps[r.steps.length - 1]))),
+    ];
   }
   // The allocator's state at each run's peak, side by side, with the change.
   function stateTable(runs) {
@@ -1611,8 +1625,9 @@
     const y = (v) => T + (1 - v / yMax) * (H - T - B);
     function draw() {
       // Each run's event → axis unit, and the axis' extent in those units.
-      const unit = c.runs.map((r) => axis === 'steps' ? stepX(r.steps, r.events) : (e) => e);
-      const lo = -1;
+      const [pre, post] = axis === 'steps' ? stepMargins(c.runs) : [1, 0];
+      const unit = c.runs.map((r) => axis === 'steps' ? stepX(r.steps, r.events, pre, post) : (e) => e);
+      const lo = -pre;
       const hi = Math.max(1, ...c.runs.map((r, i) => unit[i](r.events)));
       const x = (u) => L + (u - lo) / (hi - lo) * (W - L - R);
       g.setTransform(dpr, 0, 0, dpr, 0, 0);
@@ -1628,8 +1643,8 @@
           if (k < steps) g.fillText(String(k), x(k + 0.5), H - B + 16);
         }
         g.fillStyle = '#8e8e93';
-        g.fillText('before', x(-0.5), H - B + 16);
-        if (hi > steps) g.fillText('after', x(steps + 0.5), H - B + 16);
+        if (pre >= 0.5) g.fillText('before', x(-pre / 2), H - B + 16);
+        if (hi - steps >= 0.5) g.fillText('after', x((steps + hi) / 2), H - B + 16);
         g.fillStyle = '#5a5a5f';
         g.fillText('step', W - R - 20, H - 4);
       } else {
