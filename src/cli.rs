@@ -1257,6 +1257,9 @@ fn view_page(
         device,
         all_devices,
         model_blocks: true,
+        // The page's report is Markdown: its lists capped as `report --format markdown` caps
+        // them (a 1 GB file's full segment list was 100 MB held while the panels were made).
+        list_limit: Some(top.max(crate::report::JSON_LIST_LIMIT)),
         ..Default::default()
     };
     let (made, unreadable) = each_readable(files, salvage, |l| file_page_data(l, &options))?;
