@@ -40,10 +40,14 @@ pub(crate) struct DeviceClaims {
     pub annotations: crate::analysis::annotations::UserAnnotations,
 }
 
-pub(crate) type LastLayout = (
-    (i64, crate::analysis::layout::Moment),
-    Arc<Vec<crate::analysis::layout::SegmentLayout>>,
-);
+pub(crate) type LastLayout = ((i64, crate::analysis::layout::Moment), Arc<SegmentsByFree>);
+
+/// A moment's segment layouts in address order, and their indices most free bytes first (the
+/// order `segments_at` pages through).
+pub(crate) struct SegmentsByFree {
+    pub layouts: Vec<crate::analysis::layout::SegmentLayout>,
+    pub most_free_first: Vec<u32>,
+}
 
 impl Entry {
     fn charged(&self) -> u64 {

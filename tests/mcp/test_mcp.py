@@ -97,10 +97,21 @@ def test_each_tool_agrees_with_the_cli():
         out["again"] = await call(s, "peak", path=OOM)
         # One device of a two-device file: its own headline, as the CLI's --device gives it.
         out["one_device"] = await call(s, "report", path=TWO_DEVICES, device=1)
+        # The segments at the peak, page after page.
+        pages, cursor = [], None
+        while len(pages) < 200:
+            more = {} if cursor is None else {"cursor": cursor}
+            is_error, page = await call(s, "segments_at", path=OOM, top=3, **more)
+            assert not is_error, page
+            pages.append(page)
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        out["pages"] = (False, pages)
         return out
 
     out = run(body)
-    assert set(out) - {"again", "one_device"} == TOOLS
+    assert set(out) - {"again", "one_device", "pages"} == TOOLS
     for tool, (is_error, _) in out.items():
         assert not is_error, (tool, out[tool])
 
@@ -136,6 +147,18 @@ def test_each_tool_agrees_with_the_cli():
     seg = out["segments_at"][1]["totals"]
     assert seg["reserved_bytes"] == stats["reserved_bytes"]
     assert seg["segments"] == stats["segments"]
+    # The pages at the peak hold every segment once, most free bytes first, then by address,
+    # and their sums are the totals.
+    pages = out["pages"][1]
+    shown = [x for p in pages for x in p["segments"]]
+    totals = pages[0]["totals"]
+    assert pages[0]["event"] == report["peak"]["event_index"]
+    assert len(shown) == totals["segments"] > 3
+    assert len({x["address"] for x in shown}) == len(shown)
+    keys = [(-x["free_bytes"], x["address"]) for x in shown]
+    assert keys == sorted(keys)
+    assert sum(x["free_bytes"] for x in shown) == totals["free_bytes"]
+    assert sum(x["total_bytes"] for x in shown) == totals["reserved_bytes"]
 
     w = out["why_oom"][1]["oom"]
     assert (w["event_index"], w["requested_bytes"], w["verdict"]) == (
