@@ -472,6 +472,58 @@ pub fn for_each_layout(
         return end_layout(snapshot, device, detail, f);
     }
     let segs = segments_at(snapshot, replay, moment);
+    walk_layouts(replay, &segs, moment, detail, f);
+}
+
+/// [`layout_with`] with the segments read from the device's [`segment_lifetimes`] (made once by
+/// a caller that asks about many moments) instead of undoing segment events from the dump.
+pub fn layout_from_lifetimes(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    lifetimes: &[SegmentLife],
+    moment: Moment,
+    detail: Detail,
+) -> Vec<SegmentLayout> {
+    let device = replay.device;
+    let moment = match moment {
+        Moment::After(e) if dump_is_moment(snapshot, device, e) => Moment::End,
+        m => m,
+    };
+    let mut out = Vec::new();
+    if moment == Moment::End {
+        end_layout(snapshot, device, detail, &mut |l| out.push(l));
+        return out;
+    }
+    // State k is the state after k events (0: the window start).
+    let state = match moment {
+        Moment::After(e) => e.saturating_add(1),
+        _ => 0,
+    };
+    // Sorted by address (then first state), one per address at any state.
+    let segs: Vec<SegInfo> = lifetimes
+        .iter()
+        .filter(|l| l.first_state <= state && state <= l.last_state)
+        .map(|l| SegInfo {
+            address: l.address,
+            size: l.size,
+            stream: l.stream,
+            pool_id: l.pool_id,
+            pool_kind: l.pool_kind,
+            expandable: l.expandable,
+        })
+        .collect();
+    walk_layouts(replay, &segs, moment, detail, &mut |l| out.push(l));
+    out
+}
+
+/// The layouts of `segs` (in address order) at `moment`, with the allocations alive then.
+fn walk_layouts(
+    replay: &DeviceReplay,
+    segs: &[SegInfo],
+    moment: Moment,
+    detail: Detail,
+    f: &mut dyn FnMut(SegmentLayout),
+) {
     let event = match moment {
         Moment::After(e) => Some(e),
         _ => None,

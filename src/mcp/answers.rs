@@ -11,7 +11,7 @@ use super::{
     AllocationArgs, CheckArgs, DeviceArgs, DiffArgs, ExplainArgs, LiveAtArgs, QueryArgs,
     ReportArgs, SegmentsAtArgs, State, WhatifArgs, WhyOomArgs,
 };
-use crate::analysis::layout::{layout_with, Detail, Moment};
+use crate::analysis::layout::{Detail, Moment};
 use crate::analysis::report::{call_site_table, DeviceParts};
 use crate::report::{CallSiteBytes, DeviceReport, StackTable, SCHEMA_VERSION};
 
@@ -366,7 +366,18 @@ pub fn segments_at(state: &State, args: &SegmentsAtArgs) -> Answer {
     let layouts = match kept {
         Some(l) => l,
         None => {
-            let layouts = layout_with(&a.loaded.snapshot, &parts.replay, moment, detail);
+            let which = a
+                .parts
+                .iter()
+                .position(|p| std::ptr::eq(p, parts))
+                .unwrap_or(0);
+            let layouts = crate::analysis::layout::layout_from_lifetimes(
+                &a.loaded.snapshot,
+                &parts.replay,
+                a.segment_lives(which),
+                moment,
+                detail,
+            );
             let fresh = std::sync::Arc::new(super::cache::SegmentsByFree {
                 most_free_first: most_free_first(&layouts),
                 layouts,

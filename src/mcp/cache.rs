@@ -31,7 +31,12 @@ pub(crate) struct Analysed {
     /// made on the first `allocation` call (the categorizer's pass over the births took 0.2-0.4 s
     /// a call on a 1 GB dump), and their bytes, charged against the budget.
     pub claims: Vec<OnceLock<DeviceClaims>>,
-    pub claims_bytes: std::sync::atomic::AtomicU64,
+    /// Per device (as `parts`): every segment's life over the trace, made on the first
+    /// `segments_at` call, so that a new moment's segments are a filter, not the trace's
+    /// segment events undone again (a 1 GB dump has 280,000 segments).
+    pub segment_lives: Vec<OnceLock<Vec<crate::analysis::layout::SegmentLife>>>,
+    /// The bytes of the claims and segment lives made so far, charged against the budget.
+    pub derived_bytes: std::sync::atomic::AtomicU64,
 }
 
 /// The claims of one device's allocations, in the order of its replay's allocations.
@@ -57,7 +62,7 @@ impl Entry {
                 .load(std::sync::atomic::Ordering::Relaxed)
                 .saturating_add(
                     self.value
-                        .claims_bytes
+                        .derived_bytes
                         .load(std::sync::atomic::Ordering::Relaxed),
                 ),
         )
@@ -83,12 +88,26 @@ impl Analysed {
                 .map(|x| categorizer.claim(x))
                 .collect();
             let bytes = std::mem::size_of_val(claims.as_slice()) as u64;
-            self.claims_bytes
+            self.derived_bytes
                 .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
             DeviceClaims {
                 claims,
                 annotations: std::mem::take(&mut categorizer.annotations),
             }
+        })
+    }
+
+    /// The segment lives of `parts[i]`'s device, made once.
+    pub fn segment_lives(&self, i: usize) -> &[crate::analysis::layout::SegmentLife] {
+        self.segment_lives[i].get_or_init(|| {
+            let lives = crate::analysis::layout::segment_lifetimes(
+                &self.loaded.snapshot,
+                &self.parts[i].replay,
+            );
+            let bytes = std::mem::size_of_val(lives.as_slice()) as u64;
+            self.derived_bytes
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+            lives
         })
     }
 
@@ -173,7 +192,8 @@ impl Cache {
             database_bytes: Default::default(),
             last_layout: Mutex::new(None),
             claims: (0..parts_len).map(|_| OnceLock::new()).collect(),
-            claims_bytes: Default::default(),
+            segment_lives: (0..parts_len).map(|_| OnceLock::new()).collect(),
+            derived_bytes: Default::default(),
         });
         let mut inner = self.lock();
         inner.clock += 1;

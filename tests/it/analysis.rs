@@ -321,3 +321,45 @@ fn one_thread_and_many_threads_give_identical_reports() {
     };
     assert_eq!(run(1), run(4));
 }
+
+/// The MCP server's layouts at a moment come from each segment's life, made once; they equal
+/// the layouts found by undoing the trace's segment events from the dump, at every moment tried
+/// (real captures with expandable segments, with an OOM and segments freed, with MemPools).
+#[test]
+fn layouts_from_segment_lives_equal_the_undone_ones() {
+    use snapscan::analysis::layout::{
+        layout_from_lifetimes, layout_with, segment_lifetimes, Detail, Moment,
+    };
+    for rel in [
+        "captured/expandable.pickle",
+        "captured/fragmentation_oom.pickle",
+        "captured/cuda_graph.pickle",
+        "real/volcengine__verl__mem_mempools.pickle",
+        "real/notHanmin__assignment2-systems__memory_snapshot.pickle",
+    ] {
+        let loaded = snapshot::load(&common::fixture(rel)).unwrap_or_else(|e| panic!("{e}"));
+        let snap = &loaded.snapshot;
+        for device in snap.devices() {
+            let replay = snapscan::analysis::lifetimes::replay_device(snap, device);
+            let lives = segment_lifetimes(snap, &replay);
+            let n = snap.trace(device).len() as u32;
+            let mut moments = vec![Moment::WindowStart, Moment::End];
+            // Around every segment event (where the segments change) and spread over the trace.
+            for &i in replay.segment_events.iter().step_by(7) {
+                moments.extend([Moment::After(i.saturating_sub(1)), Moment::After(i)]);
+            }
+            moments.extend((0..n).step_by((n as usize / 13).max(1)).map(Moment::After));
+            let mut changed = 0;
+            for m in moments {
+                let want = layout_with(snap, &replay, m, Detail::BLOCKS);
+                let got = layout_from_lifetimes(snap, &replay, &lives, m, Detail::BLOCKS);
+                assert_eq!(got, want, "{rel} device {device} at {m:?}");
+                changed += usize::from(want.len() != snap.segments_of(device).count());
+            }
+            assert!(
+                changed > 0 || replay.segment_events.is_empty(),
+                "{rel}: no moment had other segments than the dump"
+            );
+        }
+    }
+}
