@@ -7,6 +7,7 @@ file, and the server's peak RSS against its budget, beside `snapscan report`'s t
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import time
@@ -57,6 +58,16 @@ async def main(args):
                     times.append(time.perf_counter() - t)
                 print(f"later {name} {extra}: {min(times) * 1000:.0f}-{max(times) * 1000:.0f} ms"
                       f"{' (tool error: ' + res.content[0].text[:60] + ')' if res.is_error else ''}")
+            # A new moment each call: nothing of the last layout can be reused.
+            times = []
+            report = json.loads((await s.call_tool("report", {"path": snap, "top": 1})).content[0].text)
+            n = max(2, report["files"][0]["devices"][0]["window"]["events"])
+            for k in range(1, 9):
+                t = time.perf_counter()
+                res = await s.call_tool("segments_at", {"path": snap, "event": str(k * n // 9)})
+                times.append(time.perf_counter() - t)
+                assert not res.is_error, res.content[0].text
+            print(f"segments_at, eight new moments: {min(times) * 1000:.0f}-{max(times) * 1000:.0f} ms")
             print(f"server peak RSS: {peak_rss_kb(pid) / 1024:.0f} MB (budget {args.budget}; "
                   f"snapshot {os.path.getsize(snap) / 2**20:.0f} MB)")
 
