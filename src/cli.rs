@@ -514,74 +514,67 @@ fn load_readable(
     salvage: bool,
 ) -> Result<(Vec<LoadedSnapshot>, Vec<crate::report::Unreadable>), anyhow::Error> {
     let files = crate::input::expand_inputs(files)?;
-    let opts = snapshot::LoadOptions {
-        salvage,
-        hint_salvage: true,
-    };
-    let results: Vec<_> = files
-        .par_iter()
-        .map(|f| snapshot::load_with(f, opts))
-        .collect();
-    let mut loaded = Vec::with_capacity(results.len());
-    let mut unreadable = Vec::new();
-    for (path, r) in files.iter().zip(results) {
-        match r {
-            Ok(l) => {
-                if let Some(s) = &l.snapshot.salvaged {
-                    warn(&format!("{}: {}", l.name, s.describe(&l.snapshot)));
-                }
-                loaded.push(l);
-            }
-            Err(e) if files.len() == 1 => return Err(e.into()),
-            Err(e) => unreadable.push(crate::report::Unreadable {
-                path: crate::input::display_name(path),
-                error: format!("{e:#}"),
-            }),
-        }
-    }
-    if loaded.is_empty() {
-        if let Some(u) = unreadable.first() {
-            anyhow::bail!("{}", u.error);
-        }
-    }
-    Ok((loaded, unreadable))
+    let results: Vec<_> = files.par_iter().map(|f| load_one(f, salvage)).collect();
+    readable(&files, results)
 }
 
 /// Each input loaded and handed to `work`, then let go, files side by side: a job of many files
 /// holds a few snapshots at a time, not all of them. The inputs that cannot be read come back
-/// with their errors (a single input: its error). An error when nothing could be read.
+/// with their errors, as [`load_readable`] gives them.
 fn each_readable<T: Send>(
     files: &[PathBuf],
     salvage: bool,
     work: impl Fn(&LoadedSnapshot) -> T + Sync,
 ) -> Result<(Vec<T>, Vec<crate::report::Unreadable>), anyhow::Error> {
     let files = crate::input::expand_inputs(files)?;
-    let opts = snapshot::LoadOptions {
-        salvage,
-        hint_salvage: true,
-    };
     let one = files.len() == 1;
     let results: Vec<_> = files
         .par_iter()
         .map(|f| {
-            let l = snapshot::load_with(f, opts)?;
-            if let Some(s) = &l.snapshot.salvaged {
-                warn(&format!("{}: {}", l.name, s.describe(&l.snapshot)));
-            }
+            let (l, salvaged) = load_one(f, salvage)?;
             let out = work(&l);
             if one {
                 // The process ends soon: a big snapshot is not worth freeing.
                 exit_soon(l);
             }
-            Ok::<T, snapshot::LoadError>(out)
+            Ok((out, salvaged))
         })
         .collect();
+    readable(&files, results)
+}
+
+/// One input, and what a salvage recovered of it (said on stderr in the inputs' order).
+fn load_one(
+    path: &std::path::Path,
+    salvage: bool,
+) -> Result<(LoadedSnapshot, Option<String>), snapshot::LoadError> {
+    let opts = snapshot::LoadOptions {
+        salvage,
+        hint_salvage: true,
+    };
+    let l = snapshot::load_with(path, opts)?;
+    let salvaged =
+        (l.snapshot.salvaged.as_ref()).map(|s| format!("{}: {}", l.name, s.describe(&l.snapshot)));
+    Ok((l, salvaged))
+}
+
+/// The inputs' results split into what was read and what could not be, with its error; the
+/// error itself when there is one input, or when nothing could be read.
+fn readable<T>(
+    files: &[PathBuf],
+    results: Vec<Result<(T, Option<String>), snapshot::LoadError>>,
+) -> Result<(Vec<T>, Vec<crate::report::Unreadable>), anyhow::Error> {
     let mut done = Vec::with_capacity(results.len());
     let mut unreadable = Vec::new();
     for (path, r) in files.iter().zip(results) {
         match r {
-            Ok(out) => done.push(out),
-            Err(e) if one => return Err(e.into()),
+            Ok((out, salvaged)) => {
+                if let Some(w) = salvaged {
+                    warn(&w);
+                }
+                done.push(out);
+            }
+            Err(e) if files.len() == 1 => return Err(e.into()),
             Err(e) => unreadable.push(crate::report::Unreadable {
                 path: crate::input::display_name(path),
                 error: format!("{e:#}"),

@@ -317,20 +317,27 @@ def test_a_job_opens_on_an_overview_that_names_the_outlier(browser, work):
     o.close()
 
 
-def test_the_compare_page_lists_the_call_site_that_grew_and_finds_it_in_both(browser, work):
-    import json
+def open_compare(browser, work, base, new, name):
+    """`view --compare BASE NEW` opened: no request but the page, no error, no warning."""
     import os
 
-    base = fixture("real", "Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle")
-    new = fixture("real", "notHanmin__assignment2-systems__memory_snapshot.pickle")
-    out = os.path.join(work, "compare.html")
+    out = os.path.join(work, name + ".html")
     run("view", "--compare", base, new, "-o", out)
-    diff = json.loads(run("diff", "--format", "json", base, new).stdout)
-    grew = max(diff["devices"][0]["call_sites_at_peak"], key=lambda k: k["delta_bytes"])
     o = Opened(browser, out)
     assert o.requests == [o.url]
     assert not o.errors
     assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    return o
+
+
+def test_the_compare_page_lists_the_call_site_that_grew_and_finds_it_in_both(browser, work):
+    import json
+
+    base = fixture("real", "Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle")
+    new = fixture("real", "notHanmin__assignment2-systems__memory_snapshot.pickle")
+    diff = json.loads(run("diff", "--format", "json", base, new).stdout)
+    grew = max(diff["devices"][0]["call_sites_at_peak"], key=lambda k: k["delta_bytes"])
+    o = open_compare(browser, work, base, new, "compare")
     c = o.page.evaluate("window.snapscan.compare()")
     # Both peaks as the diff gives them, and the site that grew most listed first.
     assert [r["peak"] for r in c["runs"]] == [diff["devices"][0]["peak"]["base"], diff["devices"][0]["peak"]["new"]]
@@ -358,18 +365,12 @@ def test_the_compare_page_lines_up_the_steps_and_puts_both_peaks_allocator_side_
     same x, where each report says it begins), and the allocator's state at each peak is the
     report's."""
     import json
-    import os
 
     base = fixture("captured", "train_python.pickle")
     new = fixture("captured", "train_all_stacks.pickle")
-    out = os.path.join(work, "compare-steps.html")
-    run("view", "--compare", base, new, "-o", out)
     reports = [json.loads(run("report", "--format", "json", f).stdout)["files"][0]["devices"][0] for f in (base, new)]
     assert all(len(r["steps"]) >= 2 for r in reports)
-    o = Opened(browser, out)
-    assert o.requests == [o.url]
-    assert not o.errors
-    assert [m for m in o.console if m[0] in ("error", "warning")] == []
+    o = open_compare(browser, work, base, new, "compare-steps")
     c = o.page.evaluate("window.snapscan.compare()")
     assert c["axis"] == "steps"
     for run_, report in zip(c["runs"], reports):
@@ -402,20 +403,14 @@ def test_the_compare_page_lines_up_the_steps_and_puts_both_peaks_allocator_side_
 
 
 def test_the_compare_page_of_a_run_without_steps_is_by_event(browser, work):
-    import os
-
     base = fixture("real", "Yiyi-philosophy__LLM-inference__1.3b_snapshot.pickle")
     new = fixture("real", "Wedsonlin__assignment2-systems__medium_512_training_memory_snapshot.pickle")
-    out = os.path.join(work, "compare-events.html")
-    run("view", "--compare", base, new, "-o", out)
-    o = Opened(browser, out)
-    assert not o.errors
+    o = open_compare(browser, work, base, new, "compare-events")
     c = o.page.evaluate("window.snapscan.compare()")
     # An inference run has no steps to line up: events, and the steps button is off.
     assert c["axis"] == "events"
     assert [r["steps"] for r in c["runs"]] == [0, 1]
     assert o.page.locator(".cmp-axis-btn", has_text="aligned steps").is_disabled()
-    assert [m for m in o.console if m[0] in ("error", "warning")] == []
     o.close()
 
 
