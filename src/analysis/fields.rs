@@ -152,6 +152,14 @@ impl Accelerator {
         }
     }
 
+    /// The tool that shows the device's memory in use (it counts reserved memory as used).
+    pub fn smi(self) -> &'static str {
+        match self {
+            Accelerator::Cuda => "nvidia-smi",
+            Accelerator::Xpu => "xpu-smi",
+        }
+    }
+
     /// The driver call that reserves a segment.
     pub fn device_malloc(self) -> &'static str {
         match self {

@@ -463,16 +463,14 @@ pub fn for_each_layout(
     detail: Detail,
     f: &mut dyn FnMut(SegmentLayout),
 ) {
-    let device = replay.device;
-    let moment = match moment {
-        Moment::After(e) if dump_is_moment(snapshot, device, e) => Moment::End,
-        m => m,
-    };
-    if moment == Moment::End {
-        return end_layout(snapshot, device, detail, f);
-    }
-    let segs = segments_at(snapshot, replay, moment);
-    walk_layouts(replay, &segs, moment, detail, f);
+    layouts_of(
+        snapshot,
+        replay,
+        moment,
+        detail,
+        |m| segments_at(snapshot, replay, m),
+        f,
+    );
 }
 
 /// [`layout_with`] with the segments read from the device's [`segment_lifetimes`] (made once by
@@ -484,23 +482,49 @@ pub fn layout_from_lifetimes(
     moment: Moment,
     detail: Detail,
 ) -> Vec<SegmentLayout> {
+    let mut out = Vec::new();
+    layouts_of(
+        snapshot,
+        replay,
+        moment,
+        detail,
+        |m| segments_from_lifetimes(lifetimes, m),
+        &mut |l| out.push(l),
+    );
+    out
+}
+
+/// The layouts at `moment`: the dump's own at the dump, else those of the segments that
+/// `segments` gives for the moment, with the allocations alive then.
+fn layouts_of(
+    snapshot: &Snapshot,
+    replay: &DeviceReplay,
+    moment: Moment,
+    detail: Detail,
+    segments: impl FnOnce(Moment) -> Vec<SegInfo>,
+    f: &mut dyn FnMut(SegmentLayout),
+) {
     let device = replay.device;
     let moment = match moment {
         Moment::After(e) if dump_is_moment(snapshot, device, e) => Moment::End,
         m => m,
     };
-    let mut out = Vec::new();
     if moment == Moment::End {
-        end_layout(snapshot, device, detail, &mut |l| out.push(l));
-        return out;
+        return end_layout(snapshot, device, detail, f);
     }
+    let segs = segments(moment);
+    walk_layouts(replay, &segs, moment, detail, f);
+}
+
+/// The segments alive at `moment` (not the dump), from their lives: sorted by address, one per
+/// address at any state.
+fn segments_from_lifetimes(lifetimes: &[SegmentLife], moment: Moment) -> Vec<SegInfo> {
     // State k is the state after k events (0: the window start).
     let state = match moment {
         Moment::After(e) => e.saturating_add(1),
         _ => 0,
     };
-    // Sorted by address (then first state), one per address at any state.
-    let segs: Vec<SegInfo> = lifetimes
+    lifetimes
         .iter()
         .filter(|l| l.first_state <= state && state <= l.last_state)
         .map(|l| SegInfo {
@@ -511,9 +535,7 @@ pub fn layout_from_lifetimes(
             pool_kind: l.pool_kind,
             expandable: l.expandable,
         })
-        .collect();
-    walk_layouts(replay, &segs, moment, detail, &mut |l| out.push(l));
-    out
+        .collect()
 }
 
 /// The layouts of `segs` (in address order) at `moment`, with the allocations alive then.

@@ -1217,6 +1217,8 @@ fn device_report_with(
     if let Some(s) = &snapshot.salvaged {
         notes.push(s.describe(snapshot));
     }
+    // The allocator that wrote the dump decides the API the notes and the advice name.
+    let accel = super::fields::Accelerator::of(snapshot);
     let trace_cut = snapshot
         .salvaged
         .as_ref()
@@ -1235,7 +1237,7 @@ fn device_report_with(
         None if trace.is_empty() => notes.push(format!(
             "no trace entries for this device: memory history was not recorded \
              ({}._record_memory_history), so the peak is the dump's own state",
-            super::fields::Accelerator::of(snapshot).memory_module()
+            accel.memory_module()
         )),
         None => {}
     }
@@ -1247,7 +1249,7 @@ fn device_report_with(
             crate::units::counted(replay.window.unmatched_frees, "free", "frees")
         ));
     }
-    if let Some(note) = cached_remark(&dump, super::fields::Accelerator::of(snapshot)) {
+    if let Some(note) = cached_remark(&dump, accel) {
         notes.push(note);
     }
     if replay.window.lost_frees > 0 {
@@ -1413,7 +1415,7 @@ fn device_report_with(
             .and_then(|s| s.expandable_segments),
         snapshot.has_stacks(),
         unsure_before_window_bytes,
-        super::fields::Accelerator::of(snapshot),
+        accel,
     );
     report
 }
@@ -1472,16 +1474,13 @@ fn cached_remark(dump: &FinalState, accel: super::fields::Accelerator) -> Option
             "most of the reserved memory is cached and unused: {} reserved, {} allocated at the \
              dump, so {} ({:.0}%) is held by PyTorch's caching allocator for reuse; {} \
              counts it as used and other processes cannot have it \
-             (torch.{}.empty_cache() gives it back)",
+             ({}.empty_cache() gives it back)",
             crate::units::format_bytes(dump.reserved_bytes),
             crate::units::format_bytes(dump.allocated_bytes),
             crate::units::format_bytes(cached),
             share * 100.0,
-            match accel {
-                super::fields::Accelerator::Cuda => "nvidia-smi",
-                super::fields::Accelerator::Xpu => "xpu-smi",
-            },
-            accel.name()
+            accel.smi(),
+            accel.device_module()
         )
     })
 }

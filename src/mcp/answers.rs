@@ -253,12 +253,7 @@ pub fn allocation(state: &State, args: &AllocationArgs) -> Answer {
     let (shown, next_cursor) = page(&found, args.cursor, args.top.unwrap_or(10));
     let snapshot = &a.loaded.snapshot;
     let trace = snapshot.trace(d.device);
-    let which = a
-        .parts
-        .iter()
-        .position(|p| std::ptr::eq(p, parts))
-        .unwrap_or(0);
-    let claims = a.claims(which);
+    let claims = a.claims(parts);
     let sites = crate::analysis::callsite::CallSites::new(&snapshot.interner);
     let time = |e: Option<u32>| {
         e.and_then(|i| trace.get(i as usize))
@@ -366,15 +361,10 @@ pub fn segments_at(state: &State, args: &SegmentsAtArgs) -> Answer {
     let layouts = match kept {
         Some(l) => l,
         None => {
-            let which = a
-                .parts
-                .iter()
-                .position(|p| std::ptr::eq(p, parts))
-                .unwrap_or(0);
             let layouts = crate::analysis::layout::layout_from_lifetimes(
                 &a.loaded.snapshot,
                 &parts.replay,
-                a.segment_lives(which),
+                a.segment_lives(parts),
                 moment,
                 detail,
             );

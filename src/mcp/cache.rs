@@ -70,8 +70,17 @@ impl Entry {
 }
 
 impl Analysed {
-    /// The claims of the allocations of `parts[i]`, made once.
-    pub fn claims(&self, i: usize) -> &DeviceClaims {
+    /// Which of `self.parts` a device's `parts` are (they are borrowed from it).
+    fn index_of(&self, parts: &DeviceParts) -> usize {
+        self.parts
+            .iter()
+            .position(|p| std::ptr::eq(p, parts))
+            .unwrap_or(0)
+    }
+
+    /// The claims of the allocations of a device (its `parts`), made once.
+    pub fn claims(&self, parts: &DeviceParts) -> &DeviceClaims {
+        let i = self.index_of(parts);
         self.claims[i].get_or_init(|| {
             use rayon::prelude::*;
             let parts = &self.parts[i];
@@ -97,8 +106,9 @@ impl Analysed {
         })
     }
 
-    /// The segment lives of `parts[i]`'s device, made once.
-    pub fn segment_lives(&self, i: usize) -> &[crate::analysis::layout::SegmentLife] {
+    /// The segment lives of a device (its `parts`), made once.
+    pub fn segment_lives(&self, parts: &DeviceParts) -> &[crate::analysis::layout::SegmentLife] {
+        let i = self.index_of(parts);
         self.segment_lives[i].get_or_init(|| {
             let lives = crate::analysis::layout::segment_lifetimes(
                 &self.loaded.snapshot,

@@ -1688,6 +1688,14 @@ pub fn text(report: &Report, view: &View) -> String {
 }
 
 /// [`text`] with the OOM verdicts in bold red when `color` is on (a terminal).
+/// A heading of the text report, a blank line above it but at the top.
+fn text_heading(out: &mut String, heading: &str) {
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    let _ = writeln!(out, "== {heading}");
+}
+
 pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
     let mut out = String::new();
     for block in all_blocks(report, view)
@@ -1704,18 +1712,8 @@ pub fn text_styled(report: &Report, view: &View, color: bool) -> String {
                     );
                 }
             }
-            Block::Heading(h) => {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                let _ = writeln!(out, "== {h}");
-            }
-            Block::Section(h) => {
-                if !out.is_empty() {
-                    out.push('\n');
-                }
-                let _ = writeln!(out, "== {h}");
-            }
+            Block::Heading(h) => text_heading(&mut out, &h),
+            Block::Section(h) => text_heading(&mut out, h),
             Block::Para(p) => {
                 for line in wrap(&p, 100) {
                     let _ = writeln!(out, "{line}");

@@ -84,18 +84,16 @@ pub fn timeline(
     let budget = POINT_BUDGET / panels_n;
     // The file's pinned host levels, found once and drawn under every device's panel.
     let host = crate::analysis::host::host_levels(snapshot);
+    let view = PanelView {
+        axis: options.x,
+        detail,
+        budget,
+        colour: options.colour,
+        host: host.as_ref(),
+    };
     let panels: Vec<(String, f64)> = devices
         .par_iter()
-        .map(|&d| {
-            let view = PanelView {
-                axis: options.x,
-                detail,
-                budget,
-                colour: options.colour,
-                host: host.as_ref(),
-            };
-            panel(name, snapshot, d, &view)
-        })
+        .map(|&d| panel(name, snapshot, d, &view))
         .collect();
     let mut body = String::new();
     let mut y = 0.0;
@@ -951,7 +949,6 @@ fn site_lines(tip: &mut Vec<String>, sites: &[(String, (u64, u64))]) {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// How one device's panel is drawn, and the file's host levels drawn under it.
 struct PanelView<'a> {
     axis: XAxis,
@@ -1117,30 +1114,7 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, view: &PanelView) -> (Str
     );
 
     // Grid and y axis.
-    let mut v = 0u64;
-    while v <= ymax {
-        let py = y.py(bytes_i64(v));
-        let _ = writeln!(
-            out,
-            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{GRID}\"/>",
-            num(LEFT),
-            num(py),
-            num(right),
-            num(py)
-        );
-        svg::text(
-            &mut out,
-            LEFT - 6.0,
-            py + 4.0,
-            12,
-            "text-anchor=\"end\"",
-            &format_bytes(v),
-        );
-        v = match v.checked_add(ystep) {
-            Some(n) => n,
-            None => break,
-        };
-    }
+    byte_grid(&mut out, (ystep, ymax), 12, |v| y.py(bytes_i64(v)));
     // x ticks.
     let xstep = match x.seconds {
         Some(_) => svg::nice_step(x.max, 10),
@@ -1562,6 +1536,35 @@ fn panel(name: &str, snapshot: &Snapshot, device: i64, view: &PanelView) -> (Str
     (out, height)
 }
 
+/// Horizontal grid lines across the plot at every `step` bytes up to `max`, each labelled
+/// left of the plot in `font`-pixel text; `y` places a byte level.
+fn byte_grid(out: &mut String, (step, max): (u64, u64), font: u32, y: impl Fn(u64) -> f64) {
+    let mut v = 0u64;
+    while v <= max {
+        let py = y(v);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{GRID}\"/>",
+            num(LEFT),
+            num(py),
+            num(LEFT + PLOT_W),
+            num(py)
+        );
+        svg::text(
+            out,
+            LEFT - 6.0,
+            py + 4.0,
+            font,
+            "text-anchor=\"end\"",
+            &format_bytes(v),
+        );
+        v = match v.checked_add(step) {
+            Some(n) => n,
+            None => break,
+        };
+    }
+}
+
 fn in_tenths(pts: &[(f64, f64)]) -> Vec<(i64, i64)> {
     pts.iter()
         .map(|&(x, y)| (svg::tenths(x), svg::tenths(y)))
@@ -1610,30 +1613,7 @@ fn host_lane(
         ),
     );
     let bottom = top + 26.0 + LANE_H;
-    let mut v = 0u64;
-    while v <= ymax {
-        let y = py(v);
-        let _ = writeln!(
-            out,
-            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{GRID}\"/>",
-            num(LEFT),
-            num(y),
-            num(right),
-            num(y)
-        );
-        svg::text(
-            out,
-            LEFT - 6.0,
-            y + 4.0,
-            11,
-            "text-anchor=\"end\"",
-            &format_bytes(v),
-        );
-        v = match v.checked_add(ystep) {
-            Some(n) => n,
-            None => break,
-        };
-    }
+    byte_grid(out, (ystep, ymax), 11, py);
     // Step curves: each level holds from its point to the next (the last to the right edge).
     let steps = |levels: &[u64], start: u64| {
         let mut pts: Vec<(f64, f64)> = vec![(LEFT, py(start))];
